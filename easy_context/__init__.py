@@ -1,0 +1,41 @@
+"""easy_context: full-attention, full-sequence long-context training with sequence parallelism.
+
+Functional API::
+
+    import easy_context as ec
+    ec.SEQ_ALGOS                                              # backend names
+    ec.extract_local(seq_algo, value, rank, world_size, dim=1)  # this rank's shard
+    attn = ec.get_attn_func(seq_algo, kernel="auto", **options)
+    out = attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)
+"""
+
+from . import registry
+from .groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
+from .kernels import KERNEL_NAMES, get_kernel
+from .padding import pad_to_multiple
+from .registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "SEQ_ALGOS":  # live view: backends registered later appear too
+        return registry.SEQ_ALGOS
+    raise AttributeError(f"module 'easy_context' has no attribute {name!r}")
+
+
+__all__ = [
+    "KERNEL_NAMES",
+    "SEQ_ALGOS",
+    "extract_local",
+    "get_attn_func",
+    "get_dp_group",
+    "get_kernel",
+    "get_seq_algo",
+    "get_sp_group",
+    "init_sp_groups",
+    "pad_to_multiple",
+    "register_seq_algo",
+    "reset_groups",
+    "seq_multiple",
+]

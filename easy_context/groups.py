@@ -1,0 +1,125 @@
+"""Process groups for sequence parallelism, created once and cached.
+
+* SP group: the ranks that share one sequence. Default: the whole world.
+* DP x SP mesh: ``init_sp_groups(sp_size)`` splits the world into ``world/sp_size`` SP groups of
+  consecutive ranks; ranks with the same SP rank form the DP groups (data is sharded across those).
+* USP 2-D mesh inside an SP group of size W = ring_degree x ulysses_degree: SP rank i has Ulysses index
+  ``i % ulysses_degree`` (Ulysses groups are consecutive ranks: all-to-all wants the fastest links) and
+  ring index ``i // ulysses_degree``.
+
+``init_sp_groups`` is collective over the world (every rank calls it). USP subgroups are created on
+first use with ``new_group(..., use_local_synchronization=True)``, so only the SP group's members take
+part; the first call must happen on all of them (it does: attention runs in lockstep).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+_SP_GROUP: dist.ProcessGroup | None = None
+_DP_GROUP: dist.ProcessGroup | None = None
+_SP_SIZE: int | None = None
+_USP_CACHE: dict[tuple[tuple[int, ...], int], "UspGroups"] = {}
+
+
+def _require_dist() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "torch.distributed is not initialized: call torch.distributed.init_process_group (or start with "
+            "accelerate/torchrun) before using sequence-parallel attention"
+        )
+
+
+def init_sp_groups(sp_size: int | None = None) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """Create (once) the DP x SP mesh; returns (sp_group, dp_group). ``sp_size=None`` means the world."""
+    global _SP_GROUP, _DP_GROUP, _SP_SIZE
+    _require_dist()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sp_size = world if sp_size is None else int(sp_size)
+    if sp_size < 1 or world % sp_size != 0:
+        raise ValueError(f"sp_size={sp_size} must divide the world size {world}")
+    if _SP_SIZE is not None:
+        if _SP_SIZE != sp_size:
+            raise RuntimeError(f"SP groups already initialised with sp_size={_SP_SIZE}; call reset_groups() first")
+        return _SP_GROUP, _DP_GROUP
+    if sp_size == world:
+        sp_group = dist.group.WORLD
+    else:
+        sp_group = None
+        for start in range(0, world, sp_size):  # every rank creates every group, in the same order
+            g = dist.new_group(list(range(start, start + sp_size)))
+            if start <= rank < start + sp_size:
+                sp_group = g
+    dp_group = None
+    dp_size = world // sp_size
+    if dp_size > 1:
+        for sp_rank in range(sp_size):
+            g = dist.new_group(list(range(sp_rank, world, sp_size)))
+            if rank % sp_size == sp_rank:
+                dp_group = g
+    _SP_GROUP, _DP_GROUP, _SP_SIZE = sp_group, dp_group, sp_size
+    return sp_group, dp_group
+
+
+def get_sp_group() -> dist.ProcessGroup:
+    """The SP group in use: the one from :func:`init_sp_groups`, else the world."""
+    _require_dist()
+    return _SP_GROUP if _SP_GROUP is not None else dist.group.WORLD
+
+
+def get_dp_group() -> dist.ProcessGroup | None:
+    """The DP group of this rank (None when every rank is in one SP group)."""
+    return _DP_GROUP
+
+
+def reset_groups() -> None:
+    """Forget cached groups (tests; a new process group)."""
+    global _SP_GROUP, _DP_GROUP, _SP_SIZE
+    _SP_GROUP = _DP_GROUP = _SP_SIZE = None
+    _USP_CACHE.clear()
+
+
+@dataclass(frozen=True)
+class UspGroups:
+    ulysses: dist.ProcessGroup
+    ring: dist.ProcessGroup
+    ulysses_degree: int
+    ring_degree: int
+
+
+def usp_layout(sp_rank: int, sp_size: int, ring_degree: int) -> tuple[int, int]:
+    """(ring_index, ulysses_index) of an SP rank in the ring_degree x ulysses_degree mesh."""
+    check_ring_degree(sp_size, ring_degree)
+    ulysses_degree = sp_size // ring_degree
+    return sp_rank // ulysses_degree, sp_rank % ulysses_degree
+
+
+def check_ring_degree(sp_size: int, ring_degree: int) -> None:
+    if ring_degree < 1 or sp_size % ring_degree != 0:
+        raise ValueError(
+            f"usp_attn: ring_degree={ring_degree} must divide the sequence-parallel size {sp_size} "
+            "(ulysses_degree = sp_size // ring_degree)"
+        )
+
+
+def get_usp_groups(group: dist.ProcessGroup, ring_degree: int) -> UspGroups:
+    """The (Ulysses, ring) subgroups of ``group`` for this ring degree, created once per (group, degree)."""
+    sp_size = dist.get_world_size(group)
+    check_ring_degree(sp_size, ring_degree)
+    ranks = tuple(dist.get_process_group_ranks(group))
+    key = (ranks, ring_degree)
+    if key not in _USP_CACHE:
+        ulysses_degree = sp_size // ring_degree
+        ring_idx, uly_idx = usp_layout(dist.get_rank(group), sp_size, ring_degree)
+
+        def sub(members: list[int]) -> dist.ProcessGroup:
+            if len(members) == sp_size:
+                return group
+            return dist.new_group([ranks[i] for i in members], use_local_synchronization=True)
+
+        uly = sub([ring_idx * ulysses_degree + u for u in range(ulysses_degree)])
+        ring = sub([r * ulysses_degree + uly_idx for r in range(ring_degree)])
+        _USP_CACHE[key] = UspGroups(uly, ring, ulysses_degree, ring_degree)
+    return _USP_CACHE[key]

@@ -1,0 +1,75 @@
+"""Local attention kernels returning the log-sum-exp, selected by name or ``"auto"``.
+
+``get_kernel(name, device, dtype, head_dim)`` returns an :class:`AttnKernel`. Names: ``cpu``, ``cudnn``,
+``flash``, ``efficient``, ``flash_attn`` (the flash-attn package) and ``math`` (explicit softmax
+reference). ``auto`` picks the fastest kernel that works for the device, dtype and head_dim; an explicit
+name that cannot run raises an error saying what to install or choose instead.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .base import AttnKernel, default_scale
+from .cpu import CPU
+from .cuda_sdpa import CUDNN, EFFICIENT, FLASH
+from .flash_attn_pkg import FLASH_ATTN, flash_attn_available
+from .math_ref import MATH
+
+KERNELS: dict[str, AttnKernel] = {k.name: k for k in (CPU, CUDNN, FLASH, EFFICIENT, FLASH_ATTN, MATH)}
+KERNEL_NAMES = ("auto", *KERNELS)
+# fastest first, measured on an H200 (docs/benchmarks.md): cuDNN > flash-attn pkg > flash > efficient
+CUDA_PREFERENCE = ("cudnn", "flash_attn", "flash", "efficient")
+
+__all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "default_scale", "get_kernel", "kernel_works"]
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_works(name: str, device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Probe a kernel once per (device, dtype, head_dim) with a tiny GQA forward and backward."""
+    if name == "flash_attn" and not flash_attn_available():
+        return False
+    kernel = KERNELS[name]
+    device = torch.device(device_type)
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q = torch.randn(1, 8, 4, head_dim, generator=g).to(device, dtype)
+        k = torch.randn(1, 8, 2, head_dim, generator=g).to(device, dtype)
+        v = torch.randn(1, 8, 2, head_dim, generator=g).to(device, dtype)
+        out, lse = kernel.forward(q, k, v, True, head_dim**-0.5)
+        dq, dk, dv = kernel.backward(torch.ones_like(out), q, k, v, out, lse, True, head_dim**-0.5)
+        ok = dq.shape == q.shape and dk.shape == k.shape and bool(torch.isfinite(out).all())
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        return False
+    return ok
+
+
+def _unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    if name == "flash_attn" and not flash_attn_available():
+        return "the flash-attn package is not importable; install it with `pip install easy_context[gpu]`"
+    if name == "cpu" and device.type != "cpu":
+        return "it runs on CPU tensors only"
+    if name in ("cudnn", "flash", "efficient") and device.type != "cuda":
+        return "it needs CUDA tensors (a GPU build of torch)"
+    return f"it does not support {dtype} with head_dim={head_dim} on {device.type} in this torch build"
+
+
+def get_kernel(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> AttnKernel:
+    """Resolve a kernel name (or ``"auto"``) for tensors of this device, dtype and head_dim."""
+    device = torch.device(device)
+    if name == "auto":
+        candidates = CUDA_PREFERENCE if device.type == "cuda" else ("cpu",)
+        for cand in candidates:
+            if kernel_works(cand, device.type, dtype, head_dim):
+                return KERNELS[cand]
+        return MATH
+    if name not in KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r}; choose one of {KERNEL_NAMES}")
+    if name != "math" and not kernel_works(name, device.type, dtype, head_dim):
+        raise RuntimeError(
+            f"attention kernel {name!r} cannot run here: {_unavailable_reason(name, device, dtype, head_dim)}. "
+            "Use kernel='auto' to pick one that works."
+        )
+    return KERNELS[name]

@@ -1,0 +1,32 @@
+"""CPU kernel: PyTorch's fused flash attention for CPU (returns the fp32 natural-log LSE).
+
+``aten::_scaled_dot_product_flash_attention_for_cpu`` takes (b, h, s, d) views and handles GQA without
+repeating KV; its output is (b, h, s, d) with a (b, s, h, d) memory layout, so transposing back is free.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import AttnKernel
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2)
+
+
+def cpu_forward(q, k, v, causal: bool, scale: float):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        _bhsd(q), _bhsd(k), _bhsd(v), 0.0, causal, scale=scale
+    )
+    return out.transpose(1, 2), lse
+
+
+def cpu_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.contiguous(), 0.0, causal, scale=scale
+    )
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+CPU = AttnKernel("cpu", cpu_forward, cpu_backward)

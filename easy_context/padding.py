@@ -1,0 +1,31 @@
+"""Sequence-length requirements of the SP layouts, and the padding helper that meets them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = 1, value: float | int = 0) -> torch.Tensor:
+    """Pad ``x`` at the end of ``dim`` with ``value`` so its size is a multiple of ``multiple``.
+
+    Pad input ids with the pad token, targets with -100 (ignored by the loss) and position ids with
+    anything (padded positions only ever attend after all real tokens under causal masking).
+    """
+    size = x.shape[dim]
+    extra = (-size) % multiple
+    if extra == 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - (dim % x.dim())) + [0, extra]
+    return F.pad(x, pad, value=value)
+
+
+def check_seq_divisible(seq_algo: str, length: int, multiple: int, world_size: int) -> None:
+    """Raise a clear error when a full sequence of ``length`` cannot be sharded evenly."""
+    if length % multiple != 0:
+        raise ValueError(
+            f"{seq_algo}: sequence length {length} is not divisible by {multiple} (required for world_size="
+            f"{world_size}); pad it first with easy_context.pad_to_multiple(x, "
+            f"easy_context.seq_multiple({seq_algo!r}, {world_size}), dim=...) -- pad input ids with the pad "
+            f"token and targets with -100"
+        )

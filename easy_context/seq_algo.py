@@ -1,0 +1,79 @@
+"""What a sequence-parallel backend is: a shard function, a length rule and an attention implementation.
+
+Every backend sub-package exports one :class:`SeqAlgo`. The attention implementation has the fixed
+signature ``impl(q, k, v, kernel, softmax_scale, causal, group, **options) -> out`` on local shards
+(b, s_local, h, d); :meth:`SeqAlgo.attn_func` wraps it in the public
+``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)`` with the checks every
+backend shares (dropout, shapes, kernel choice, default SP group).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .groups import get_sp_group
+from .kernels import KERNEL_NAMES, default_scale, get_kernel
+from .kernels.base import check_shapes
+from .padding import check_seq_divisible
+
+AttnFunc = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SeqAlgo:
+    """A sequence-parallel backend.
+
+    ``shard(value, rank, world_size, dim, **options)`` returns this rank's piece of a full sequence;
+    ``multiple(world_size, **options)`` is the number the full length must divide by;
+    ``impl`` computes attention on local shards; ``distributed`` is False only for data parallel.
+    """
+
+    name: str
+    shard: Callable[..., torch.Tensor]
+    multiple: Callable[..., int]
+    impl: Callable[..., torch.Tensor]
+    distributed: bool = True
+    options: dict[str, Any] = field(default_factory=dict)  # option name -> default
+
+    def _options(self, kw: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(kw) - set(self.options)
+        if unknown:
+            raise TypeError(f"{self.name} does not take {sorted(unknown)}; its options are {sorted(self.options)}")
+        return {**self.options, **kw}
+
+    def extract_local(self, value: torch.Tensor, rank: int, world_size: int, dim: int = 1, **kw) -> torch.Tensor:
+        opts = self._options(kw)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        check_seq_divisible(self.name, value.shape[dim], self.multiple(world_size, **opts), world_size)
+        return self.shard(value, rank, world_size, dim, **opts).contiguous()
+
+    def seq_multiple(self, world_size: int, **kw) -> int:
+        return self.multiple(world_size, **self._options(kw))
+
+    def attn_func(self, kernel: str = "auto", **kw) -> AttnFunc:
+        if kernel not in KERNEL_NAMES:
+            raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {KERNEL_NAMES}")
+        opts = self._options(kw)
+        algo = self
+
+        def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None):
+            if dropout_p:
+                raise NotImplementedError(
+                    f"{algo.name}: attention dropout is not supported by easy_context attention; "
+                    "set the model's attention_dropout to 0"
+                )
+            check_shapes(q, k, v, causal=False)
+            if algo.distributed and group is None:
+                group = get_sp_group()
+            kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
+            scale = default_scale(q.shape[-1], softmax_scale)
+            return algo.impl(q, k, v, kern, scale, causal, group, **opts)
+
+        attn.__name__ = f"{algo.name}_attn"
+        attn.__doc__ = inspect.getdoc(algo.impl)
+        return attn

@@ -1,0 +1,14 @@
+"""Ulysses (all-to-all sequence<->heads) backend."""
+
+from ..seq_algo import SeqAlgo
+from .attention import kv_replication, ulysses_attention, ulysses_wrap
+from .prepare_inputs import contiguous_multiple, contiguous_shard
+
+ALGO = SeqAlgo(
+    name="ulysses_attn",
+    shard=contiguous_shard,
+    multiple=contiguous_multiple,
+    impl=ulysses_attention,
+)
+
+__all__ = ["ALGO", "contiguous_multiple", "contiguous_shard", "kv_replication", "ulysses_attention", "ulysses_wrap"]

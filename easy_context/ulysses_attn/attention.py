@@ -1,0 +1,55 @@
+"""Ulysses (DeepSpeed-Ulysses) attention: all-to-all from sequence shards to head shards and back.
+
+Each rank trades its (b, s/W, h, d) shard for (b, s, h/W, d): the full sequence for h/W heads, runs any
+attention on it, and trades back. K/V heads (GQA) travel un-repeated when ``h_kv % W == 0``; when W is a
+multiple of ``h_kv`` each K/V head is replicated ``W / h_kv`` times so every rank gets the one its query
+heads use.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..comm import SeqAllToAll
+from ..kernels import AttnKernel
+from ..local_attn import local_attention
+
+
+def kv_replication(heads_q: int, heads_kv: int, world: int, algo: str = "ulysses_attn") -> int:
+    """How many times to replicate each K/V head before the all-to-all (1 = none); clear errors otherwise."""
+    if heads_q % world != 0:
+        raise ValueError(
+            f"{algo}: {heads_q} query heads are not divisible by the Ulysses degree {world}; use "
+            f"'usp_attn' with a ring_degree such that heads divide by world_size // ring_degree, or "
+            f"'zigzag_ring_attn' (no head constraint)"
+        )
+    if heads_kv % world == 0:
+        return 1
+    if world % heads_kv == 0:
+        return world // heads_kv
+    raise ValueError(
+        f"{algo}: {heads_kv} key/value heads cannot be split over the Ulysses degree {world} (neither divides "
+        "the other); use 'usp_attn' with a larger ring_degree or 'zigzag_ring_attn'"
+    )
+
+
+def ulysses_wrap(q, k, v, group: dist.ProcessGroup, inner: Callable[..., torch.Tensor], algo: str = "ulysses_attn"):
+    """Head-scatter q/k/v over ``group``, run ``inner(q, k, v)`` on the full sequence, gather back."""
+    world = dist.get_world_size(group)
+    rep = kv_replication(q.shape[2], k.shape[2], world, algo)
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    q, k, v = (SeqAllToAll.apply(x.contiguous(), 2, 1, group) for x in (q, k, v))
+    out = inner(q, k, v)
+    return SeqAllToAll.apply(out.contiguous(), 1, 2, group)
+
+
+def ulysses_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
+    """Attention over the contiguously sharded sequence of ``group`` via head all-to-all.
+
+    q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim); returns q-shaped output.
+    """
+    return ulysses_wrap(q, k, v, group, lambda q_, k_, v_: local_attention(q_, k_, v_, kernel, scale, causal))

@@ -1,0 +1,14 @@
+"""Ulysses sharding: contiguous sequence chunks, rank r holds chunk r."""
+
+from __future__ import annotations
+
+import torch
+
+
+def contiguous_multiple(world_size: int) -> int:
+    return world_size
+
+
+def contiguous_shard(value: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
+    """(…, seq, …) -> (…, seq / world_size, …): chunk ``rank`` of ``world_size`` along ``dim``."""
+    return value.chunk(world_size, dim=dim)[rank]

@@ -1,0 +1,15 @@
+"""USP backend: Ulysses (inside) x zigzag ring (across); option ``ring_degree``."""
+
+from ..seq_algo import SeqAlgo
+from .attention import usp_attention
+from .prepare_inputs import default_ring_degree, usp_multiple, usp_shard
+
+ALGO = SeqAlgo(
+    name="usp_attn",
+    shard=usp_shard,
+    multiple=usp_multiple,
+    impl=usp_attention,
+    options={"ring_degree": None},
+)
+
+__all__ = ["ALGO", "default_ring_degree", "usp_attention", "usp_multiple", "usp_shard"]

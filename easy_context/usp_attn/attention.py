@@ -1,0 +1,33 @@
+"""USP (unified sequence parallel): Ulysses all-to-all inside, zigzag ring attention across.
+
+The SP group of size W = ring_degree x ulysses_degree is split into Ulysses groups (consecutive ranks)
+and ring groups. Heads only need to divide by ulysses_degree, and the ring carries the rest of the
+parallelism.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ..groups import get_usp_groups
+from ..kernels import AttnKernel
+from ..ulysses_attn.attention import ulysses_wrap
+from ..zigzag_ring_attn.attention import zigzag_ring_attention
+from .prepare_inputs import default_ring_degree
+
+
+def usp_attention(
+    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup, ring_degree: int | None = None
+):
+    """Attention over the USP-sharded sequence of ``group`` (``extract_local('usp_attn', ..., ring_degree=R)``).
+
+    q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim); returns q-shaped output.
+    """
+    world = dist.get_world_size(group)
+    ring_degree = default_ring_degree(world) if ring_degree is None else ring_degree
+    groups = get_usp_groups(group, ring_degree)
+
+    def ring(q_, k_, v_):
+        return zigzag_ring_attention(q_, k_, v_, kernel, scale, causal, groups.ring)
+
+    return ulysses_wrap(q, k, v, groups.ulysses, ring, algo="usp_attn")

@@ -1,0 +1,90 @@
+"""Zigzag ring attention: K/V travel the ring while each rank attends its zigzag queries to them.
+
+Forward: W steps; step t attends to the K/V of rank (r - t) mod W while the next K/V is in flight
+(``batch_isend_irecv`` double buffering); partial results merge in fp32. Only K/V heads travel (GQA).
+Backward: K/V travel again; the dK/dV of each K/V shard travel with it in fp32, picking up every rank's
+contribution, and arrive home after W steps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..blockwise import ForwardAccumulator, backward_blocks, forward_blocks
+from ..comm import RingExchange
+from ..kernels import AttnKernel
+from .schedule import zigzag_blocks
+
+
+def _check_local_len(q: torch.Tensor, causal: bool) -> None:
+    if causal and q.shape[1] % 2 != 0:
+        raise ValueError(
+            f"zigzag_ring_attn: local sequence length {q.shape[1]} is odd; shard the full sequence with "
+            "easy_context.extract_local('zigzag_ring_attn', ...) after padding it with easy_context.pad_to_multiple"
+        )
+
+
+def ring_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local zigzag shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
+    ring = RingExchange(group)
+    world, rank = ring.world_size, ring.rank
+    kv = torch.stack([k, v])
+    acc = ForwardAccumulator(q)
+    for step in range(world):
+        pending = ring.start(kv) if step + 1 < world else None
+        src = (rank - step) % world
+        forward_blocks(kernel, q, kv[0], kv[1], zigzag_blocks(rank, src, q.shape[1], causal), scale, acc)
+        if pending is not None:
+            kv = pending.wait()
+    return acc.result(q.dtype)
+
+
+def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group):
+    """Gradients of :func:`ring_forward`; dK/dV accumulate in fp32 while travelling the ring."""
+    ring = RingExchange(group)
+    world, rank = ring.world_size, ring.rank
+    kv = torch.stack([k, v])
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dkv = None
+    dkv_pending = None
+    for step in range(world):
+        kv_pending = ring.start(kv) if step + 1 < world else None
+        src = (rank - step) % world
+        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        blocks = zigzag_blocks(rank, src, q.shape[1], causal)
+        backward_blocks(kernel, dout, q, kv[0], kv[1], out, lse, blocks, scale, dq, dkv)
+        if dkv_pending is not None:
+            dkv += dkv_pending.wait()  # contributions of the ranks this K/V visited before
+        if world > 1:
+            dkv_pending = ring.start(dkv)  # after the last step this delivers the K/V owner's gradient
+        if kv_pending is not None:
+            kv = kv_pending.wait()
+    if dkv_pending is not None:
+        dkv = dkv_pending.wait()
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
+class ZigzagRingAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, kernel: AttnKernel, scale: float, causal: bool, group):
+        out, lse = ring_forward(q, k, v, kernel, scale, causal, group)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kernel, ctx.scale, ctx.causal, ctx.group = kernel, scale, causal, group
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.kernel, ctx.scale, ctx.causal, ctx.group)
+        return dq, dk, dv, None, None, None, None
+
+
+def zigzag_ring_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
+    """Causal (or full) attention over the zigzag-sharded sequence of ``group``.
+
+    q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim) zigzag shards
+    (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output.
+    """
+    _check_local_len(q, causal)
+    return ZigzagRingAttnFunc.apply(q, k, v, kernel, scale, causal, group)

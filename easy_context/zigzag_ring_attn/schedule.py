@@ -1,0 +1,25 @@
+"""Which blocks a zigzag rank computes at each ring step.
+
+Rank r holds query chunks (r, 2W-1-r) as halves [0:h] and [h:2h] of its local rows. At ring step t it
+holds the K/V of rank src = (r - t) mod W, chunks (src, 2W-1-src):
+* src == r: one causal block over all local rows (the two diagonal chunks and the full block between);
+* src <  r: all queries attend to the first K/V half (chunk src precedes both query chunks);
+* src >  r: the second query half attends to all K/V (chunk 2W-1-r follows both K/V chunks).
+Each non-diagonal step is exactly two chunk x chunk blocks, so every rank does equal work each step.
+"""
+
+from __future__ import annotations
+
+from ..blockwise import Block
+
+
+def zigzag_blocks(rank: int, src: int, seq_local: int, causal: bool) -> list[Block]:
+    everything = slice(0, seq_local)
+    if not causal:
+        return [Block(everything, everything, False)]
+    half = seq_local // 2
+    if src == rank:
+        return [Block(everything, everything, True)]
+    if src < rank:
+        return [Block(everything, slice(0, half), False)]
+    return [Block(slice(half, seq_local), everything, False)]
