@@ -77,14 +77,23 @@ def backward_blocks(
     blocks: list[Block],
     scale: float,
     dq_acc: torch.Tensor,
-    dkv_acc: torch.Tensor,
-) -> None:
-    """Gradients of one K/V shard's blocks, added to fp32 ``dq_acc`` (like q) and ``dkv_acc`` (2, *k.shape)."""
+) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """Gradients of one K/V shard's blocks: dq is added to fp32 ``dq_acc`` (like q); returns the
+    (k_rows, dk, dv) of each block for the caller to add where that K/V's gradient lives."""
+    kv_grads = []
     for blk in blocks:
         qr, kr = blk.q_rows, blk.k_rows
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out[:, qr], lse[:, :, qr], blk.causal, scale
         )
         dq_acc[:, qr] += dq
+        kv_grads.append((kr, dk, dv))
+    return kv_grads
+
+
+def add_kv_grads_(dkv_acc: torch.Tensor, kv_grads: list[tuple[slice, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Add block (k_rows, dk, dv) gradients into the fp32 buffer ``dkv_acc`` (2, b, s_k, h_kv, d)."""
+    for kr, dk, dv in kv_grads:
         dkv_acc[0][:, kr] += dk
         dkv_acc[1][:, kr] += dv
+    return dkv_acc

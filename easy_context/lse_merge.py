@@ -9,7 +9,19 @@ source of error growing with the number of ring steps).
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_merge():
+    """The Triton merge when Triton is importable (GPU builds of torch), else None."""
+    try:
+        from .lse_merge_triton import merge_into_triton_
+    except Exception:
+        return None
+    return merge_into_triton_
 
 
 def merge_into_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
@@ -18,8 +30,17 @@ def merge_into_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
     acc_out: (batch, seq, heads, dim) float32      out: same shape, any float dtype
     acc_lse: (batch, heads, seq) float32            lse: same shape, float32
     """
+    fused = _fused_merge() if acc_out.is_cuda else None
+    if fused is not None and acc_out.stride(-1) == 1 and out.stride(-1) == 1:
+        fused(acc_out, acc_lse, out, lse)
+        return
+    merge_eager_(acc_out, acc_lse, out, lse)
+
+
+def merge_eager_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Eager PyTorch version of :func:`merge_into_` (CPU, and CUDA without Triton)."""
     new_lse = torch.logaddexp(acc_lse, lse)
     w_acc = torch.exp(acc_lse - new_lse).transpose(1, 2).unsqueeze(-1)
     w_new = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
-    acc_out.mul_(w_acc).add_(out.float() * w_new)
+    acc_out.mul_(w_acc).addcmul_(out, w_new)  # no fp32 copy of ``out``: two passes over acc_out
     acc_lse.copy_(new_lse)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import data_parallel, ulysses_attn, usp_attn, zigzag_ring_attn
+from . import data_parallel, dist_flash_attn, ulysses_attn, usp_attn, zigzag_ring_attn
 from .seq_algo import AttnFunc, SeqAlgo
 
 _ALGOS: dict[str, SeqAlgo] = {}
@@ -17,7 +17,7 @@ def register_seq_algo(algo: SeqAlgo) -> None:
     SEQ_ALGOS = tuple(_ALGOS)
 
 
-for _mod in (zigzag_ring_attn, ulysses_attn, usp_attn, data_parallel):
+for _mod in (zigzag_ring_attn, ulysses_attn, usp_attn, dist_flash_attn, data_parallel):
     register_seq_algo(_mod.ALGO)
 
 SEQ_ALGOS: tuple[str, ...] = tuple(_ALGOS)

@@ -22,6 +22,7 @@ ALGOS = [
     ("ulysses_attn", {}),
     ("usp_attn", {"ring_degree": 2}),
     ("usp_attn", {"ring_degree": 1}),
+    ("dist_flash_attn", {}),
     ("data_parallel", {}),
 ]
 

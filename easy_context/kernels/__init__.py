@@ -41,7 +41,7 @@ def kernel_works(name: str, device_type: str, dtype: torch.dtype, head_dim: int)
         out, lse = kernel.forward(q, k, v, True, head_dim**-0.5)
         dq, dk, dv = kernel.backward(torch.ones_like(out), q, k, v, out, lse, True, head_dim**-0.5)
         ok = dq.shape == q.shape and dk.shape == k.shape and bool(torch.isfinite(out).all())
-    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+    except Exception:  # any failure means: not usable here (probe, not a user call)
         return False
     return ok
 

@@ -6,7 +6,9 @@
   LSE is padded to a multiple of 32 rows)
 
 All take (b, h, s, d) views of our (b, s, h, d) tensors. Dropout is always 0, so the RNG outputs of the
-forward are never needed and the backward gets empty placeholders.
+forward are never needed: the backward gets scalar placeholders, ``None`` for the absent bias and for the
+cumulative sequence lengths (those mark nested/varlen inputs). Probed on an H200 with torch 2.11:
+cuDNN and flash accept un-repeated GQA K/V; efficient needs them repeated.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ def _expand_gqa(q, k, v):
     return repeat_kv(k, n_rep), repeat_kv(v, n_rep)
 
 
-def _empty(ref: torch.Tensor, dtype=torch.int64) -> torch.Tensor:
-    return torch.empty(0, dtype=dtype, device=ref.device)
+def _rng_placeholder(ref: torch.Tensor) -> torch.Tensor:
+    """Philox seed/offset stand-in (unused with dropout 0): a 0-dim int64 tensor, as the forward returns."""
+    return torch.zeros((), dtype=torch.int64, device=ref.device)
 
 
 # --- cuDNN -----------------------------------------------------------------------------------------
 def cudnn_forward(q, k, v, causal: bool, scale: float):
-    k, v = _expand_gqa(q, k, v)
     res = aten._scaled_dot_product_cudnn_attention(
         _bhsd(q), _bhsd(k), _bhsd(v), None, True, 0.0, causal, False, scale=scale
     )
@@ -42,8 +44,6 @@ def cudnn_forward(q, k, v, causal: bool, scale: float):
 
 
 def cudnn_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
-    h_kv = k.shape[2]
-    k, v = _expand_gqa(q, k, v)
     dq, dk, dv = aten._scaled_dot_product_cudnn_attention_backward(
         _bhsd(dout),
         _bhsd(q),
@@ -51,19 +51,18 @@ def cudnn_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
         _bhsd(v),
         _bhsd(out),
         lse.unsqueeze(-1).contiguous(),
-        _empty(q),
-        _empty(q),
-        _empty(q, q.dtype),
-        _empty(q, torch.int32),
-        _empty(q, torch.int32),
+        _rng_placeholder(q),
+        _rng_placeholder(q),
+        None,
+        None,
+        None,
         q.shape[1],
         k.shape[1],
         0.0,
         causal,
         scale=scale,
     )
-    dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-    return dq, sum_kv_groups(dk, h_kv), sum_kv_groups(dv, h_kv)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
 # --- FlashAttention-2 (PyTorch's copy) ---------------------------------------------------------------
@@ -80,14 +79,14 @@ def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
         _bhsd(v),
         _bhsd(out),
         lse.contiguous(),
-        _empty(q, torch.int32),
-        _empty(q, torch.int32),
+        None,
+        None,
         q.shape[1],
         k.shape[1],
         0.0,
         causal,
-        _empty(q),
-        _empty(q),
+        _rng_placeholder(q),
+        _rng_placeholder(q),
         scale=scale,
     )
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
@@ -121,8 +120,8 @@ def efficient_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
         None,
         _bhsd(out),
         _pad_rows(lse),
-        _empty(q),
-        _empty(q),
+        _rng_placeholder(q),
+        _rng_placeholder(q),
         0.0,
         [True, True, True, False],
         causal,

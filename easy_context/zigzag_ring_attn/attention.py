@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..blockwise import ForwardAccumulator, backward_blocks, forward_blocks
+from ..attn_checkpoint import forward_or_replay
+from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..comm import RingExchange
 from ..kernels import AttnKernel
 from .schedule import zigzag_blocks
@@ -46,16 +47,15 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     world, rank = ring.world_size, ring.rank
     kv = torch.stack([k, v])
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dkv = None
     dkv_pending = None
     for step in range(world):
         kv_pending = ring.start(kv) if step + 1 < world else None
         src = (rank - step) % world
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         blocks = zigzag_blocks(rank, src, q.shape[1], causal)
-        backward_blocks(kernel, dout, q, kv[0], kv[1], out, lse, blocks, scale, dq, dkv)
-        if dkv_pending is not None:
-            dkv += dkv_pending.wait()  # contributions of the ranks this K/V visited before
+        kv_grads = backward_blocks(kernel, dout, q, kv[0], kv[1], out, lse, blocks, scale, dq)
+        # the gradient of this K/V so far (from the ranks it visited before), else a fresh fp32 buffer
+        dkv = dkv_pending.wait() if dkv_pending is not None else kv.new_zeros(kv.shape, dtype=torch.float32)
+        add_kv_grads_(dkv, kv_grads)
         if world > 1:
             dkv_pending = ring.start(dkv)  # after the last step this delivers the K/V owner's gradient
         if kv_pending is not None:
@@ -68,7 +68,8 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
 class ZigzagRingAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kernel: AttnKernel, scale: float, causal: bool, group):
-        out, lse = ring_forward(q, k, v, kernel, scale, causal, group)
+        # inside checkpoint_after_attention, the recompute replays the recorded (out, lse)
+        out, lse = forward_or_replay("zigzag_ring_attn", q, lambda: ring_forward(q, k, v, kernel, scale, causal, group))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.kernel, ctx.scale, ctx.causal, ctx.group = kernel, scale, causal, group
         return out

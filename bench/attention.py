@@ -1,0 +1,248 @@
+"""Attention kernels and sequence-parallel schedules on one GPU.
+
+    python bench/attention.py --check                 # parity of every CUDA kernel and schedule (virtual ranks)
+    python bench/attention.py --seqs 32768 65536 131072 --json out.json
+
+Measures, for causal bf16 attention (batch 1, 32 heads, head_dim 128 by default):
+* TFLOP/s of each local kernel, forward and forward+backward (fwd+bwd counted as 3.5x the forward FLOPs);
+* the *step efficiency* of each SP schedule: its local kernel calls and merges for W virtual ranks over the
+  same total sequence (no communication), as monolithic-kernel time / schedule time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from easy_context.kernels import KERNELS, kernel_works  # noqa: E402
+from easy_context.zigzag_ring_attn import simulate as zigzag_sim  # noqa: E402
+from easy_context.zigzag_ring_attn import zigzag_shard  # noqa: E402
+
+SCHEDULES = {"zigzag_ring_attn": (zigzag_sim, zigzag_shard)}
+try:
+    from easy_context.dist_flash_attn import simulate as dist_flash_sim  # noqa: E402
+    from easy_context.ulysses_attn import contiguous_shard  # noqa: E402
+
+    SCHEDULES["dist_flash_attn"] = (dist_flash_sim, contiguous_shard)
+except Exception:  # backend not present (or not importable) in this tree
+    pass
+
+
+def timed(fn, warmup: int = 2, reps: int = 5) -> float:
+    """Median seconds of ``fn()`` with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def causal_fwd_flops(b: int, s: int, h: int, d: int) -> float:
+    return 4 * b * h * s * s * d / 2
+
+
+def reference(q, k, v, dout, causal=True):
+    """fp32 math reference on the GPU (small sizes only)."""
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    rep = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(rep, 2) for x in leaves[1:])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        leaves[0].transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), is_causal=causal
+    ).transpose(1, 2)
+    out.backward(dout.float())
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+def rel(x, ref):
+    return ((x.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def check(results: list) -> bool:
+    """Kernel and virtual-rank schedule parity vs an fp32 reference on the GPU."""
+    ok = True
+    dev = "cuda"
+    for name in ("cudnn", "flash", "efficient", "math"):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for d in (64, 128):
+                works = kernel_works(name, "cuda", dtype, d)
+                row = {"name": f"check/{name}/{str(dtype)[6:]}/d{d}", "works": works}
+                if works:
+                    errs = []
+                    for hq, hkv, causal in ((8, 8, True), (8, 2, True), (8, 2, False)):
+                        g = torch.Generator(device=dev).manual_seed(hq + hkv)
+                        q, dout = (torch.randn(2, 384, hq, d, device=dev, generator=g, dtype=dtype) for _ in range(2))
+                        k, v = (torch.randn(2, 384, hkv, d, device=dev, generator=g, dtype=dtype) for _ in range(2))
+                        kern = KERNELS[name]
+                        out, lse = kern.forward(q, k, v, causal, d**-0.5)
+                        grads = kern.backward(dout, q, k, v, out, lse, causal, d**-0.5)
+                        ref = reference(q, k, v, dout, causal)
+                        errs.append(max(rel(a, b) for a, b in zip((out, *grads), ref)))
+                    row["max_rel_err"] = max(errs)
+                    tol = 2e-2 if dtype != torch.float32 else 2e-3
+                    row["pass"] = row["max_rel_err"] < tol
+                    ok &= row["pass"]
+                results.append(row)
+                print(row, flush=True)
+    # the fused Triton merge vs the eager merge, on strided views like the ring uses
+    from easy_context.lse_merge import merge_eager_, merge_into_
+
+    for h, d in ((32, 128), (5, 64), (96, 80)):
+        g = torch.Generator(device=dev).manual_seed(h)
+        acc = torch.randn(2, 300, h, d, device=dev, generator=g)
+        acc_lse = torch.randn(2, h, 300, device=dev, generator=g)
+        out = torch.randn(2, 150, h, d, device=dev, generator=g).bfloat16()
+        lse = torch.randn(2, h, 150, device=dev, generator=g)
+        a1, l1, a2, l2 = acc.clone(), acc_lse.clone(), acc.clone(), acc_lse.clone()
+        merge_into_(a1[:, 150:], l1[:, :, 150:], out, lse)
+        merge_eager_(a2[:, 150:], l2[:, :, 150:], out, lse)
+        err = max(rel(a1, a2), rel(l1, l2))
+        row = {"name": f"check/merge_triton_vs_eager/h{h}d{d}", "max_rel_err": err, "pass": err < 1e-5}
+        ok &= row["pass"]
+        results.append(row)
+        print(row, flush=True)
+    # schedules on virtual ranks through the CUDA kernels
+    for sched, (sim, shard) in SCHEDULES.items():
+        for name in ("cudnn", "flash", "efficient"):
+            for world, (hq, hkv) in ((4, (8, 2)), (8, (4, 4)), (3, (6, 3))):
+                dtype = torch.bfloat16
+                if not kernel_works(name, "cuda", dtype, 128):
+                    continue
+                s = 2 * world * 96
+                g = torch.Generator(device=dev).manual_seed(world)
+                q, dout = (torch.randn(1, s, hq, 128, device=dev, generator=g, dtype=dtype) for _ in range(2))
+                k, v = (torch.randn(1, s, hkv, 128, device=dev, generator=g, dtype=dtype) for _ in range(2))
+                sh = lambda x: [shard(x, r, world) for r in range(world)]  # noqa: E731
+                kern = KERNELS[name]
+                outs, lses = sim.virtual_forward(sh(q), sh(k), sh(v), kern, 128**-0.5, True)
+                grads = sim.virtual_backward(sh(dout), sh(q), sh(k), sh(v), outs, lses, kern, 128**-0.5, True)
+                ref = reference(q, k, v, dout)
+                err = max(
+                    rel(torch.cat(got, 1), torch.cat(sh(want), 1)) for got, want in zip((outs, *grads), ref)
+                )
+                row = {"name": f"check/{sched}/{name}/W{world}/h{hq}-{hkv}", "max_rel_err": err, "pass": err < 2e-2}
+                ok &= row["pass"]
+                results.append(row)
+                print(row, flush=True)
+    return ok
+
+
+def bench_kernels(seqs, heads, heads_kv, d, results, date):
+    dev, dtype = "cuda", torch.bfloat16
+    for s in seqs:
+        g = torch.Generator(device=dev).manual_seed(s)
+        q, dout = (torch.randn(1, s, heads, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
+        k, v = (torch.randn(1, s, heads_kv, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
+        flops = causal_fwd_flops(1, s, heads, d)
+        mono = {}
+        for name in ("cudnn", "flash", "efficient"):
+            if not kernel_works(name, "cuda", dtype, d):
+                continue
+            kern = KERNELS[name]
+            t_f = timed(lambda: kern.forward(q, k, v, True, d**-0.5))
+            out, lse = kern.forward(q, k, v, True, d**-0.5)
+
+            def fb():
+                o, lse_ = kern.forward(q, k, v, True, d**-0.5)
+                kern.backward(dout, q, k, v, o, lse_, True, d**-0.5)
+
+            t_fb = timed(fb)
+            mono[name] = t_fb
+            for what, t, f in (("fwd", t_f, flops), ("fwd+bwd", t_fb, 3.5 * flops)):
+                row = {
+                    "name": f"kernel/{name}/{what}/S{s}/h{heads}-{heads_kv}",
+                    "value": round(f / t / 1e12, 1),
+                    "unit": "TFLOP/s",
+                    "seconds": t,
+                    "date": date,
+                }
+                results.append(row)
+                print(row, flush=True)
+        for sched, (sim, shard) in SCHEDULES.items():
+            for world in (8,):
+                sh = lambda x: [shard(x, r, world) for r in range(world)]  # noqa: E731
+                qs, ks, vs, ds = sh(q), sh(k), sh(v), sh(dout)
+                for name in ("cudnn", "flash"):
+                    if name not in mono:
+                        continue
+                    kern = KERNELS[name]
+
+                    def sched_fb():
+                        outs, lses = sim.virtual_forward(qs, ks, vs, kern, d**-0.5, True)
+                        sim.virtual_backward(ds, qs, ks, vs, outs, lses, kern, d**-0.5, True)
+
+                    t = timed(sched_fb, warmup=1, reps=3)
+                    if sched == "zigzag_ring_attn":  # the same kernel calls without merges/accumulation
+                        from easy_context.zigzag_ring_attn import zigzag_blocks
+
+                        def kernels_only():
+                            for r in range(world):
+                                for st in range(world):
+                                    src = (r - st) % world
+                                    for b in zigzag_blocks(r, src, qs[r].shape[1], True):
+                                        qq, kk, vv = qs[r][:, b.q_rows], ks[src][:, b.k_rows], vs[src][:, b.k_rows]
+                                        o, lse_ = kern.forward(qq, kk, vv, b.causal, d**-0.5)
+                                        kern.backward(ds[r][:, b.q_rows], qq, kk, vv, o, lse_, b.causal, d**-0.5)
+
+                        t_k = timed(kernels_only, warmup=1, reps=3)
+                        row = {
+                            "name": f"kernels_only/{sched}/{name}/W{world}/S{s}/h{heads}-{heads_kv}",
+                            "value": round(mono[name] / t_k, 3),
+                            "unit": "x monolithic fwd+bwd",
+                            "seconds": t_k,
+                            "date": date,
+                        }
+                        results.append(row)
+                        print(row, flush=True)
+                    for base in sorted({"cudnn", name}):
+                        row = {
+                            "name": f"step_eff/{sched}/{name}/W{world}/S{s}/h{heads}-{heads_kv}/vs_mono_{base}",
+                            "value": round(mono[base] / t, 3),
+                            "unit": "x monolithic fwd+bwd",
+                            "seconds": t,
+                            "tflops": round(3.5 * flops / t / 1e12, 1),
+                            "date": date,
+                        }
+                        results.append(row)
+                        print(row, flush=True)
+        del q, k, v, dout
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="parity checks only")
+    ap.add_argument("--seqs", type=int, nargs="*", default=[32768, 65536, 131072])
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--heads-kv", type=int, nargs="*", default=[32])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--json", type=str, default=None)
+    args = ap.parse_args()
+    date = datetime.date.today().isoformat()
+    results: list = [{"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date}]
+    ok = True
+    if args.check:
+        ok = check(results)
+    else:
+        for hkv in args.heads_kv:
+            bench_kernels(args.seqs, args.heads, hkv, args.head_dim, results, date)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""DistFlashAttn backend (LightSeq, Li et al. 2023): contiguous shards, helper ranks balance causal work."""
+
+from ..seq_algo import SeqAlgo
+from .attention import DistFlashAttnFunc, dist_backward, dist_flash_attention, dist_forward
+from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_unshard
+from .schedule import Task, build_schedule, rank_kernel_calls, rank_work
+
+ALGO = SeqAlgo(
+    name="dist_flash_attn",
+    shard=contiguous_shard,
+    multiple=contiguous_multiple,
+    impl=dist_flash_attention,
+)
+
+__all__ = [
+    "ALGO",
+    "DistFlashAttnFunc",
+    "Task",
+    "build_schedule",
+    "contiguous_multiple",
+    "contiguous_shard",
+    "contiguous_unshard",
+    "dist_backward",
+    "dist_flash_attention",
+    "dist_forward",
+    "rank_kernel_calls",
+    "rank_work",
+]

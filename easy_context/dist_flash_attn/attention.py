@@ -1,0 +1,257 @@
+"""DistFlashAttn: contiguous shards, with helper ranks computing blocks for the heavily loaded ranks.
+
+Each rank runs the tasks ``schedule.py`` gives it. A *rank program* (:class:`ForwardRank`,
+:class:`BackwardRank`) holds one rank's tensors and says what it sends for each message, where received
+tensors go, and how it computes a task with the blockwise functions; a *driver* moves the messages: the
+distributed one here (``batch_isend_irecv``, each round overlapping a step's compute), the virtual one in
+``simulate.py``. So both execute exactly the same blocks and merges in the same order.
+
+Forward: a helper attends borrowed queries to its own K/V and returns the partial (out, lse), merged by
+the owner in fp32 (``ForwardAccumulator``). Backward: a helper receives the borrowed queries' q, dout,
+out and lse, adds the dK/dV of its own K/V locally and returns the fp32 partial dq; a rank that borrowed
+K/V returns the fp32 partial dK/dV. Only K/V heads travel (GQA).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..attn_checkpoint import forward_or_replay
+from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from ..kernels import AttnKernel
+from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_blocks
+
+NAME = "dist_flash_attn"
+Tensors = tuple[torch.Tensor, ...]
+
+
+def _empty(shape, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=like.device)
+
+
+def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+class ForwardRank:
+    """One rank's forward: its shards q (b, s, h, d), k/v (b, s, h_kv, d) and the fp32 (out, lse) of q."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttnKernel, scale: float, causal):
+        self.q, self.k, self.v = q, k, v
+        self.kernel, self.scale, self.causal = kernel, scale, causal
+        self.acc = ForwardAccumulator(q)
+        self.inbox: dict[tuple[Task, str], Tensors] = {}
+        self.partials: dict[Task, Tensors] = {}
+
+    def payload(self, msg: Message) -> Tensors:
+        if msg.what == "q":
+            return (self.q,)
+        if msg.what == "kv":
+            return (self.k, self.v)
+        return self.partials.pop(msg.task)  # "out": (out in q's dtype, lse fp32)
+
+    def buffers(self, msg: Message) -> Tensors:
+        q, k = self.q, self.k
+        if msg.what == "q":
+            return (_empty(q.shape, q.dtype, q),)
+        if msg.what == "kv":
+            return (_empty(k.shape, k.dtype, k), _empty(k.shape, self.v.dtype, k))
+        return (_empty(q.shape, q.dtype, q), _empty(_lse_shape(q), torch.float32, q))
+
+    def receive(self, msg: Message, tensors: Tensors) -> None:
+        if msg.what == "out":
+            self.acc.add(slice(0, self.q.shape[1]), *tensors)
+        else:
+            self.inbox[(msg.task, msg.what)] = tensors
+
+    def run(self, task: Task) -> None:
+        (q,) = self.inbox.pop((task, "q")) if task.borrows_q else (self.q,)
+        k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
+        blocks = task_blocks(task, q.shape[1], self.causal)
+        if task.borrows_q:  # helper: a partial result for the query owner
+            part = ForwardAccumulator(q)
+            forward_blocks(self.kernel, q, k, v, blocks, self.scale, part)
+            self.partials[task] = part.result(q.dtype)
+        else:
+            forward_blocks(self.kernel, q, k, v, blocks, self.scale, self.acc)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """out (b, s, h, d) in q's dtype, lse (b, h, s) fp32."""
+        return self.acc.result(self.q.dtype)
+
+
+class BackwardRank:
+    """One rank's backward: its shards, the final out/lse of its queries, fp32 dq and dK/dV accumulators."""
+
+    def __init__(self, dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool):
+        self.dout, self.q, self.k, self.v, self.out, self.lse = dout, q, k, v, out, lse
+        self.kernel, self.scale, self.causal = kernel, scale, causal
+        self.dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        self.dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+        self.inbox: dict[tuple[Task, str], Tensors] = {}
+        self.partials: dict[tuple[Task, str], Tensors] = {}
+
+    def payload(self, msg: Message) -> Tensors:
+        if msg.what == "q":
+            return (self.q, self.dout, self.out, self.lse)
+        if msg.what == "kv":
+            return (self.k, self.v)
+        return self.partials.pop((msg.task, msg.what))  # "dq" (fp32 q-shaped) / "dkv" (fp32 (2, *k.shape))
+
+    def buffers(self, msg: Message) -> Tensors:
+        q, k = self.q, self.k
+        if msg.what == "q":
+            return (
+                _empty(q.shape, q.dtype, q),
+                _empty(q.shape, self.dout.dtype, q),
+                _empty(q.shape, self.out.dtype, q),
+                _empty(_lse_shape(q), torch.float32, q),
+            )
+        if msg.what == "kv":
+            return (_empty(k.shape, k.dtype, k), _empty(k.shape, self.v.dtype, k))
+        if msg.what == "dq":
+            return (_empty(q.shape, torch.float32, q),)
+        return (_empty((2, *k.shape), torch.float32, k),)
+
+    def receive(self, msg: Message, tensors: Tensors) -> None:
+        if msg.what == "dq":
+            self.dq += tensors[0]
+        elif msg.what == "dkv":
+            self.dkv += tensors[0]
+        else:
+            self.inbox[(msg.task, msg.what)] = tensors
+
+    def run(self, task: Task) -> None:
+        own_q = (self.q, self.dout, self.out, self.lse)
+        q, dout, out, lse = self.inbox.pop((task, "q")) if task.borrows_q else own_q
+        k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if task.borrows_q else self.dq
+        blocks = task_blocks(task, q.shape[1], self.causal)
+        kv_grads = backward_blocks(self.kernel, dout, q, k, v, out, lse, blocks, self.scale, dq)
+        dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) if task.borrows_kv else self.dkv
+        add_kv_grads_(dkv, kv_grads)
+        if task.borrows_q:
+            self.partials[(task, "dq")] = (dq,)
+        if task.borrows_kv:
+            self.partials[(task, "dkv")] = (dkv,)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.dq.to(self.q.dtype), self.dkv[0].to(self.k.dtype), self.dkv[1].to(self.v.dtype)
+
+
+class _Flight:
+    """One round of point-to-point messages in flight; ``wait()`` returns what this rank received."""
+
+    def __init__(self, reqs: list, received: dict[Message, Tensors], sent: list[torch.Tensor]):
+        self._reqs, self._received, self._sent = reqs, received, sent
+
+    def wait(self) -> dict[Message, Tensors]:
+        for req in self._reqs:
+            req.wait()
+        self._reqs, self._sent = [], []
+        return self._received
+
+
+def _start_round(msgs, prog, rank: int, peers: list[int], group) -> _Flight:
+    """Post this rank's sends and receives of ``msgs`` (the same order on every rank) in one batch."""
+    ops, received, sent = [], {}, []
+    for msg in msgs:
+        if msg.src == rank:
+            for t in prog.payload(msg):
+                sent.append(t.contiguous())
+                ops.append(dist.P2POp(dist.isend, sent[-1], peers[msg.dst], group))
+        elif msg.dst == rank:
+            received[msg] = prog.buffers(msg)
+            ops.extend(dist.P2POp(dist.irecv, buf, peers[msg.src], group) for buf in received[msg])
+    return _Flight(dist.batch_isend_irecv(ops) if ops else [], received, sent)
+
+
+def _group_info(group) -> tuple[int, int, list[int], dist.ProcessGroup]:
+    group = dist.group.WORLD if group is None else group
+    world = dist.get_world_size(group)
+    peers = [dist.get_global_rank(group, r) for r in range(world)]
+    return world, dist.get_rank(group), peers, group
+
+
+def _drive(prog, world: int, rank: int, peers: list[int], group, causal: bool, backward: bool) -> None:
+    """Run this rank's tasks; round s + 1 of messages is in flight while step s computes."""
+    steps = build_schedule(world, causal)
+    for i, msgs in enumerate(comm_rounds(world, causal, backward)):
+        flight = _start_round(msgs, prog, rank, peers, group)
+        task = rank_task(steps[i - 1], rank) if 1 <= i <= len(steps) else None
+        if task is not None:
+            prog.run(task)
+        for msg, tensors in flight.wait().items():
+            prog.receive(msg, tensors)
+
+
+_CHECKED: set[tuple] = set()
+
+
+def check_local_shapes(q: torch.Tensor, k: torch.Tensor, world: int, group) -> None:
+    """Raise a clear error unless every rank holds equally long shards (collective on a new shape)."""
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"{NAME}: q has {q.shape[1]} local rows but k/v have {k.shape[1]}; shard q, k and v the same way"
+        )
+    key = (id(group), tuple(q.shape), tuple(k.shape))
+    if world == 1 or key in _CHECKED:
+        return
+    mine = torch.tensor([*q.shape, *k.shape], dtype=torch.int64, device=q.device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    shapes = [tuple(t.tolist()) for t in every]
+    if len(set(shapes)) != 1:
+        lens = [s[1] for s in shapes]
+        raise ValueError(
+            f"{NAME}: every rank must hold a shard of the same shape (contiguous chunks of equal length); got "
+            f"local q/k shapes {shapes} (local lengths {lens}). Pad the full sequence to a multiple of the "
+            f"group size with easy_context.pad_to_multiple and shard it with easy_context.extract_local('{NAME}', ...)"
+        )
+    _CHECKED.add(key)
+
+
+def dist_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local contiguous shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
+    world, rank, peers, group = _group_info(group)
+    check_local_shapes(q, k, world, group)
+    prog = ForwardRank(q, k, v, kernel, scale, causal)
+    _drive(prog, world, rank, peers, group, causal, backward=False)
+    return prog.result()
+
+
+def dist_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group):
+    """(dq, dk, dv) of :func:`dist_forward` given the final out/lse of the local queries."""
+    world, rank, peers, group = _group_info(group)
+    prog = BackwardRank(dout, q, k, v, out, lse, kernel, scale, causal)
+    _drive(prog, world, rank, peers, group, causal, backward=True)
+    return prog.result()
+
+
+class DistFlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, kernel: AttnKernel, scale: float, causal: bool, group):
+        out, lse = forward_or_replay(NAME, q, lambda: dist_forward(q, k, v, kernel, scale, causal, group))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kernel, ctx.scale, ctx.causal, ctx.group = kernel, scale, causal, group
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = dist_backward(dout.contiguous(), q, k, v, out, lse, ctx.kernel, ctx.scale, ctx.causal, ctx.group)
+        return dq, dk, dv, None, None, None, None
+
+
+def dist_flash_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
+    """Causal (or full) attention over the contiguously sharded sequence of ``group`` (DistFlashAttn).
+
+    q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim): rank r's contiguous chunk r
+    (``extract_local('dist_flash_attn', ...)``, equal lengths on all ranks); returns q-shaped output.
+    Inside a :func:`easy_context.attn_checkpoint.checkpoint_after_attention` layer the recompute reuses
+    the forward's output instead of running attention again.
+    """
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return DistFlashAttnFunc.apply(q, k, v, kernel, scale, causal, group)
+    return forward_or_replay(NAME, q, lambda: dist_forward(q, k, v, kernel, scale, causal, group))[0]
