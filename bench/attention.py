@@ -125,14 +125,12 @@ def check(results: list) -> bool:
                 g = torch.Generator(device=dev).manual_seed(world)
                 q, dout = (torch.randn(1, s, hq, 128, device=dev, generator=g, dtype=dtype) for _ in range(2))
                 k, v = (torch.randn(1, s, hkv, 128, device=dev, generator=g, dtype=dtype) for _ in range(2))
-                sh = lambda x: [shard(x, r, world) for r in range(world)]  # noqa: E731
+                sh = lambda x, shard=shard, world=world: [shard(x, r, world) for r in range(world)]
                 kern = KERNELS[name]
                 outs, lses = sim.virtual_forward(sh(q), sh(k), sh(v), kern, 128**-0.5, True)
                 grads = sim.virtual_backward(sh(dout), sh(q), sh(k), sh(v), outs, lses, kern, 128**-0.5, True)
                 ref = reference(q, k, v, dout)
-                err = max(
-                    rel(torch.cat(got, 1), torch.cat(sh(want), 1)) for got, want in zip((outs, *grads), ref)
-                )
+                err = max(rel(torch.cat(got, 1), torch.cat(sh(want), 1)) for got, want in zip((outs, *grads), ref))
                 row = {"name": f"check/{sched}/{name}/W{world}/h{hq}-{hkv}", "max_rel_err": err, "pass": err < 2e-2}
                 ok &= row["pass"]
                 results.append(row)
@@ -140,86 +138,78 @@ def check(results: list) -> bool:
     return ok
 
 
-def bench_kernels(seqs, heads, heads_kv, d, results, date):
+def _fwd_bwd(kern, q, k, v, dout, d):
+    def run():
+        o, lse = kern.forward(q, k, v, True, d**-0.5)
+        kern.backward(dout, q, k, v, o, lse, True, d**-0.5)
+
+    return run
+
+
+def _schedule_fwd_bwd(sim, kern, qs, ks, vs, ds, d):
+    def run():
+        outs, lses = sim.virtual_forward(qs, ks, vs, kern, d**-0.5, True)
+        sim.virtual_backward(ds, qs, ks, vs, outs, lses, kern, d**-0.5, True)
+
+    return run
+
+
+def _zigzag_kernels_only(kern, qs, ks, vs, ds, d):
+    """The zigzag schedule's kernel calls without merges or gradient accumulation (the ceiling)."""
+    from easy_context.zigzag_ring_attn import zigzag_blocks
+
+    world = len(qs)
+
+    def run():
+        for r in range(world):
+            for st in range(world):
+                src = (r - st) % world
+                for b in zigzag_blocks(r, src, qs[r].shape[1], True):
+                    qq, kk, vv = qs[r][:, b.q_rows], ks[src][:, b.k_rows], vs[src][:, b.k_rows]
+                    o, lse = kern.forward(qq, kk, vv, b.causal, d**-0.5)
+                    kern.backward(ds[r][:, b.q_rows], qq, kk, vv, o, lse, b.causal, d**-0.5)
+
+    return run
+
+
+def _record(results, row):
+    results.append(row)
+    print(row, flush=True)
+
+
+def bench_one_length(s, heads, heads_kv, d, world, results, date):
     dev, dtype = "cuda", torch.bfloat16
-    for s in seqs:
-        g = torch.Generator(device=dev).manual_seed(s)
-        q, dout = (torch.randn(1, s, heads, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
-        k, v = (torch.randn(1, s, heads_kv, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
-        flops = causal_fwd_flops(1, s, heads, d)
-        mono = {}
-        for name in ("cudnn", "flash", "efficient"):
-            if not kernel_works(name, "cuda", dtype, d):
+    g = torch.Generator(device=dev).manual_seed(s)
+    q, dout = (torch.randn(1, s, heads, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
+    k, v = (torch.randn(1, s, heads_kv, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
+    flops = causal_fwd_flops(1, s, heads, d)
+    tag = f"S{s}/h{heads}-{heads_kv}"
+    mono = {}
+    for name in ("cudnn", "flash", "efficient"):
+        if not kernel_works(name, "cuda", dtype, d):
+            continue
+        kern = KERNELS[name]
+        t_f = timed(lambda kern=kern: kern.forward(q, k, v, True, d**-0.5))
+        t_fb = mono[name] = timed(_fwd_bwd(kern, q, k, v, dout, d))
+        for what, t, f in (("fwd", t_f, flops), ("fwd+bwd", t_fb, 3.5 * flops)):
+            _record(results, {"name": f"kernel/{name}/{what}/{tag}", "value": round(f / t / 1e12, 1),
+                              "unit": "TFLOP/s", "seconds": t, "date": date})  # fmt: skip
+    for sched, (sim, shard) in SCHEDULES.items():
+        qs, ks, vs, ds = ([shard(x, r, world) for r in range(world)] for x in (q, k, v, dout))
+        for name in ("cudnn", "flash"):
+            if name not in mono:
                 continue
             kern = KERNELS[name]
-            t_f = timed(lambda: kern.forward(q, k, v, True, d**-0.5))
-            out, lse = kern.forward(q, k, v, True, d**-0.5)
-
-            def fb():
-                o, lse_ = kern.forward(q, k, v, True, d**-0.5)
-                kern.backward(dout, q, k, v, o, lse_, True, d**-0.5)
-
-            t_fb = timed(fb)
-            mono[name] = t_fb
-            for what, t, f in (("fwd", t_f, flops), ("fwd+bwd", t_fb, 3.5 * flops)):
-                row = {
-                    "name": f"kernel/{name}/{what}/S{s}/h{heads}-{heads_kv}",
-                    "value": round(f / t / 1e12, 1),
-                    "unit": "TFLOP/s",
-                    "seconds": t,
-                    "date": date,
-                }
-                results.append(row)
-                print(row, flush=True)
-        for sched, (sim, shard) in SCHEDULES.items():
-            for world in (8,):
-                sh = lambda x: [shard(x, r, world) for r in range(world)]  # noqa: E731
-                qs, ks, vs, ds = sh(q), sh(k), sh(v), sh(dout)
-                for name in ("cudnn", "flash"):
-                    if name not in mono:
-                        continue
-                    kern = KERNELS[name]
-
-                    def sched_fb():
-                        outs, lses = sim.virtual_forward(qs, ks, vs, kern, d**-0.5, True)
-                        sim.virtual_backward(ds, qs, ks, vs, outs, lses, kern, d**-0.5, True)
-
-                    t = timed(sched_fb, warmup=1, reps=3)
-                    if sched == "zigzag_ring_attn":  # the same kernel calls without merges/accumulation
-                        from easy_context.zigzag_ring_attn import zigzag_blocks
-
-                        def kernels_only():
-                            for r in range(world):
-                                for st in range(world):
-                                    src = (r - st) % world
-                                    for b in zigzag_blocks(r, src, qs[r].shape[1], True):
-                                        qq, kk, vv = qs[r][:, b.q_rows], ks[src][:, b.k_rows], vs[src][:, b.k_rows]
-                                        o, lse_ = kern.forward(qq, kk, vv, b.causal, d**-0.5)
-                                        kern.backward(ds[r][:, b.q_rows], qq, kk, vv, o, lse_, b.causal, d**-0.5)
-
-                        t_k = timed(kernels_only, warmup=1, reps=3)
-                        row = {
-                            "name": f"kernels_only/{sched}/{name}/W{world}/S{s}/h{heads}-{heads_kv}",
-                            "value": round(mono[name] / t_k, 3),
-                            "unit": "x monolithic fwd+bwd",
-                            "seconds": t_k,
-                            "date": date,
-                        }
-                        results.append(row)
-                        print(row, flush=True)
-                    for base in sorted({"cudnn", name}):
-                        row = {
-                            "name": f"step_eff/{sched}/{name}/W{world}/S{s}/h{heads}-{heads_kv}/vs_mono_{base}",
-                            "value": round(mono[base] / t, 3),
-                            "unit": "x monolithic fwd+bwd",
-                            "seconds": t,
-                            "tflops": round(3.5 * flops / t / 1e12, 1),
-                            "date": date,
-                        }
-                        results.append(row)
-                        print(row, flush=True)
-        del q, k, v, dout
-        torch.cuda.empty_cache()
+            if sched == "zigzag_ring_attn":
+                t_k = timed(_zigzag_kernels_only(kern, qs, ks, vs, ds, d), warmup=1, reps=3)
+                _record(results, {"name": f"kernels_only/{sched}/{name}/W{world}/{tag}",
+                                  "value": round(mono[name] / t_k, 3), "unit": "x monolithic fwd+bwd",
+                                  "seconds": t_k, "date": date})  # fmt: skip
+            t = timed(_schedule_fwd_bwd(sim, kern, qs, ks, vs, ds, d), warmup=1, reps=3)
+            for base in sorted({"cudnn", name}):
+                _record(results, {"name": f"step_eff/{sched}/{name}/W{world}/{tag}/vs_mono_{base}",
+                                  "value": round(mono[base] / t, 3), "unit": "x monolithic fwd+bwd",
+                                  "seconds": t, "tflops": round(3.5 * flops / t / 1e12, 1), "date": date})  # fmt: skip
 
 
 def main():
@@ -229,6 +219,7 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--heads-kv", type=int, nargs="*", default=[32])
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--world", type=int, default=8, help="virtual ranks of the SP schedules")
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args()
     date = datetime.date.today().isoformat()
@@ -238,7 +229,9 @@ def main():
         ok = check(results)
     else:
         for hkv in args.heads_kv:
-            bench_kernels(args.seqs, args.heads, hkv, args.head_dim, results, date)
+            for s in args.seqs:
+                bench_one_length(s, args.heads, hkv, args.head_dim, args.world, results, date)
+                torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     sys.exit(0 if ok else 1)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 _SP_GROUP: dist.ProcessGroup | None = None
 _DP_GROUP: dist.ProcessGroup | None = None
 _SP_SIZE: int | None = None
-_USP_CACHE: dict[tuple[tuple[int, ...], int], "UspGroups"] = {}
+_USP_CACHE: dict[tuple[tuple[int, ...], int], UspGroups] = {}
 
 
 def _require_dist() -> None:

@@ -10,8 +10,9 @@ backend shares (dropout, shapes, kernel choice, default SP group).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -40,7 +40,7 @@ def parity_worker(rank, world, algo, opts, case, dtype_name, seed=0):
     s = 2 * world * chunks
     q, k, v, dout = _inputs(seed, b, s, hq, hkv, d, dtype)
     ref = reference_with_grads(q, k, v, dout, causal)
-    shard = (lambda x: ec.extract_local(algo, x, rank, world, **opts))
+    shard = lambda x: ec.extract_local(algo, x, rank, world, **opts)
     ql, kl, vl = (shard(x).requires_grad_() for x in (q, k, v))
     attn = ec.get_attn_func(algo, **opts)
     out = attn(ql, kl, vl, causal=causal)

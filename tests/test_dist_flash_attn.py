@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 import easy_context as ec
 from easy_context.attn_checkpoint import checkpoint_after_attention
-from easy_context.dist_flash_attn import contiguous_shard, dist_flash_attention
+from easy_context.dist_flash_attn import contiguous_shard
 from easy_context.dist_flash_attn.schedule import build_schedule, comm_rounds, rank_kernel_calls, rank_work
 from easy_context.dist_flash_attn.simulate import VirtualStats, virtual_backward, virtual_forward
 from easy_context.kernels import KERNELS, AttnKernel

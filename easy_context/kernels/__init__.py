@@ -26,7 +26,7 @@ CUDA_PREFERENCE = ("cudnn", "flash_attn", "flash", "efficient")
 __all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "default_scale", "get_kernel", "kernel_works"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel_works(name: str, device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
     """Probe a kernel once per (device, dtype, head_dim) with a tiny GQA forward and backward."""
     if name == "flash_attn" and not flash_attn_available():

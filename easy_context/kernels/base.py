@@ -15,8 +15,8 @@ makes block-wise backward of ring schedules exact.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -69,9 +69,7 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"incompatible q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
     if q.shape[2] % k.shape[2] != 0:
-        raise ValueError(
-            f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]}) for GQA"
-        )
+        raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]}) for GQA")
     if causal and q.shape[1] != k.shape[1]:
         raise ValueError(f"causal local attention needs seq_q == seq_k, got {q.shape[1]} and {k.shape[1]}")
 

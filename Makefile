@@ -1,0 +1,26 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`. Each creates .venv and installs what it needs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export WANDB_MODE := offline
+
+.PHONY: demo test lint
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) bench/cpu_sp_demo.py
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check easy_context tests bench
+	$(PY) -m pytest tests
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check easy_context tests bench
+	$(PY) -m ruff format --check easy_context tests bench
