@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import easy_context as ec
+from tests.dist_pool import RemoteError
 from tests.reference import reference_with_grads, rel_err
 
 TOL = {"float32": 1e-5, "bfloat16": 1.5e-2}  # measured max: fp32 2.0e-6, bf16 9.0e-3 (single-device bf16: 7.9e-3)
@@ -16,6 +17,7 @@ CASES = {
     "gqa": (1, 5, 8, 2, 64, True),
     "mqa_d128": (1, 3, 4, 1, 128, True),
     "noncausal": (2, 3, 4, 2, 32, False),
+    "heads5": (1, 3, 5, 5, 64, True),  # ring-style backends only; Ulysses must refuse it clearly
 }
 ALGOS = [
     ("zigzag_ring_attn", {}),
@@ -58,6 +60,12 @@ def test_parity(dist_pool, world, algo, opts, case, dtype_name):
     hq, hkv = CASES[case][2], CASES[case][3]
     if algo == "usp_attn" and world % opts["ring_degree"]:
         pytest.skip("ring_degree does not divide world")
+    ulysses_degree = {"ulysses_attn": world, "usp_attn": world // opts.get("ring_degree", 1)}.get(algo, 1)
+    if hq % ulysses_degree:
+        with pytest.raises(RemoteError, match="not divisible by the Ulysses degree") as info:
+            dist_pool(world).run(parity_worker, algo, opts, CASES[case], dtype_name)
+        assert "usp_attn" in str(info.value)  # the error suggests the fix
+        return
     errs = dist_pool(world).run(parity_worker, algo, opts, CASES[case], dtype_name)
     tol = TOL[dtype_name]
     for rank, e in enumerate(errs):
