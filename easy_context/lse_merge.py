@@ -10,8 +10,11 @@ source of error growing with the number of ring steps).
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
+
+_FUSED_BROKEN = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,10 +33,15 @@ def merge_into_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
     acc_out: (batch, seq, heads, dim) float32      out: same shape, any float dtype
     acc_lse: (batch, heads, seq) float32            lse: same shape, float32
     """
-    fused = _fused_merge() if acc_out.is_cuda else None
+    global _FUSED_BROKEN
+    fused = _fused_merge() if acc_out.is_cuda and not _FUSED_BROKEN else None
     if fused is not None and acc_out.stride(-1) == 1 and out.stride(-1) == 1:
-        fused(acc_out, acc_lse, out, lse)
-        return
+        try:
+            fused(acc_out, acc_lse, out, lse)
+            return
+        except Exception as exc:  # e.g. Triton cannot compile for this GPU: the eager merge is exact too
+            _FUSED_BROKEN = True
+            warnings.warn(f"fused Triton LSE merge failed ({exc}); using the eager merge", stacklevel=2)
     merge_eager_(acc_out, acc_lse, out, lse)
 
 

@@ -21,10 +21,10 @@ def _merge_rows(
     S, H, D,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # int64 offsets: buffers can exceed 2^31 elements
     b = row // S
     s = row % S
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     hm = h < H
     la = tl.load(acc_lse_ptr + b * slab + h * slah + s * slas, mask=hm, other=0.0)
@@ -47,6 +47,11 @@ def merge_into_triton_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.
     b, s, h, d = acc_out.shape
     block_d = triton.next_power_of_2(d)
     block_h = min(triton.next_power_of_2(h), max(1, 4096 // block_d))
+    with torch.cuda.device(acc_out.device):
+        _launch(acc_out, acc_lse, out, lse, b, s, h, d, block_h, block_d)
+
+
+def _launch(acc_out, acc_lse, out, lse, b, s, h, d, block_h, block_d) -> None:
     _merge_rows[(b * s, triton.cdiv(h, block_h))](
         acc_out, out, acc_lse, lse,
         *acc_out.stride()[:3], *out.stride()[:3], *acc_lse.stride(), *lse.stride(),

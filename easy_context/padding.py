@@ -10,7 +10,8 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = 1, value: float |
     """Pad ``x`` at the end of ``dim`` with ``value`` so its size is a multiple of ``multiple``.
 
     Pad input ids with the pad token, targets with -100 (ignored by the loss) and position ids with
-    anything (padded positions only ever attend after all real tokens under causal masking).
+    anything. Under causal attention padding at the end is harmless (no real token attends to a later
+    position); with ``causal=False`` real tokens would attend to the padded keys, and there is no key mask.
     """
     size = x.shape[dim]
     extra = (-size) % multiple

@@ -20,6 +20,7 @@ from .groups import get_sp_group
 from .kernels import KERNEL_NAMES, default_scale, get_kernel
 from .kernels.base import check_shapes
 from .padding import check_seq_divisible
+from .shape_check import check_local_shapes
 
 AttnFunc = Callable[..., torch.Tensor]
 
@@ -69,8 +70,9 @@ class SeqAlgo:
                     "set the model's attention_dropout to 0"
                 )
             check_shapes(q, k, v, causal=False)
-            if algo.distributed and group is None:
-                group = get_sp_group()
+            if algo.distributed:
+                group = get_sp_group() if group is None else group
+                check_local_shapes(algo.name, q, k, group)
             kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
             scale = default_scale(q.shape[-1], softmax_scale)
             return algo.impl(q, k, v, kern, scale, causal, group, **opts)

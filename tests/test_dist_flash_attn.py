@@ -189,7 +189,6 @@ def test_no_grad_inference(dist_pool, world):
 
 
 def bad_length_worker(rank, world):
-    # shapes no other test uses, so every rank checks them (the check is collective on a new shape)
     q = torch.randn(1, 9 + rank, 2, 8)
     try:
         ec.get_attn_func(ALGO)(q, q, q, causal=True)
@@ -198,9 +197,23 @@ def bad_length_worker(rank, world):
     return "no error"
 
 
+def equal_then_unequal_worker(rank, world, algo):
+    attn = ec.get_attn_func(algo)
+    q = torch.randn(1, 8, 2, 8)
+    attn(q, q, q, causal=True)
+    q = torch.randn(1, 8 + 2 * rank, 2, 8)
+    with pytest.raises(ValueError, match="same shape"):
+        attn(q, q, q, causal=True)
+    with pytest.raises(ValueError, match="local rows"):  # q and k/v sharded differently
+        attn(q, q[:, :4], q[:, :4], causal=False)
+    return True
+
+
 def test_unequal_local_lengths_raise(dist_pool):
     for msg in dist_pool(2).run(bad_length_worker):
         assert "same shape" in msg and "[9, 10]" in msg, msg
+    # equal shapes first, then a mismatch: still a clear error on every rank, never a hang
+    assert all(dist_pool(2).run(equal_then_unequal_worker, algo) for algo in ("zigzag_ring_attn", ALGO))
 
 
 def test_bad_input_errors():

@@ -110,3 +110,21 @@ def test_bad_inputs_raise_clear_errors():
         attn(q, q[:, :, :3], q[:, :, :3])
     with pytest.raises(ValueError, match="batch, seq, heads, head_dim"):
         attn(q[0], q[0], q[0])
+
+
+def test_kernel_probe_does_not_remember_out_of_memory(monkeypatch):
+    import easy_context.kernels as kernels
+
+    calls = []
+
+    def flaky_probe(kernel, device, dtype, head_dim):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("transient")
+        return True
+
+    monkeypatch.setattr(kernels, "_probe", flaky_probe)
+    monkeypatch.setattr(kernels, "_PROBED", {})
+    assert not kernels.kernel_works("cpu", "cpu", torch.float32, 24)  # OOM: not usable now...
+    assert kernels.kernel_works("cpu", "cpu", torch.float32, 24)  # ...but probed again next time
+    assert kernels.kernel_works("cpu", "cpu", torch.float32, 24) and len(calls) == 2  # then cached

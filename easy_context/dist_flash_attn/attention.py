@@ -186,36 +186,9 @@ def _drive(prog, world: int, rank: int, peers: list[int], group, causal: bool, b
             prog.receive(msg, tensors)
 
 
-_CHECKED: set[tuple] = set()
-
-
-def check_local_shapes(q: torch.Tensor, k: torch.Tensor, world: int, group) -> None:
-    """Raise a clear error unless every rank holds equally long shards (collective on a new shape)."""
-    if q.shape[1] != k.shape[1]:
-        raise ValueError(
-            f"{NAME}: q has {q.shape[1]} local rows but k/v have {k.shape[1]}; shard q, k and v the same way"
-        )
-    key = (id(group), tuple(q.shape), tuple(k.shape))
-    if world == 1 or key in _CHECKED:
-        return
-    mine = torch.tensor([*q.shape, *k.shape], dtype=torch.int64, device=q.device)
-    every = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine, group=group)
-    shapes = [tuple(t.tolist()) for t in every]
-    if len(set(shapes)) != 1:
-        lens = [s[1] for s in shapes]
-        raise ValueError(
-            f"{NAME}: every rank must hold a shard of the same shape (contiguous chunks of equal length); got "
-            f"local q/k shapes {shapes} (local lengths {lens}). Pad the full sequence to a multiple of the "
-            f"group size with easy_context.pad_to_multiple and shard it with easy_context.extract_local('{NAME}', ...)"
-        )
-    _CHECKED.add(key)
-
-
 def dist_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group) -> tuple[torch.Tensor, torch.Tensor]:
     """Local contiguous shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
     world, rank, peers, group = _group_info(group)
-    check_local_shapes(q, k, world, group)
     prog = ForwardRank(q, k, v, kernel, scale, causal)
     _drive(prog, world, rank, peers, group, causal, backward=False)
     return prog.result()

@@ -8,7 +8,8 @@ name that cannot run raises an error saying what to install or choose instead.
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import warnings
 
 import torch
 
@@ -26,24 +27,48 @@ CUDA_PREFERENCE = ("cudnn", "flash_attn", "flash", "efficient")
 __all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "default_scale", "get_kernel", "kernel_works"]
 
 
-@functools.cache
-def kernel_works(name: str, device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Probe a kernel once per (device, dtype, head_dim) with a tiny GQA forward and backward."""
-    if name == "flash_attn" and not flash_attn_available():
-        return False
-    kernel = KERNELS[name]
-    device = torch.device(device_type)
-    try:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        q = torch.randn(1, 8, 4, head_dim, generator=g).to(device, dtype)
-        k = torch.randn(1, 8, 2, head_dim, generator=g).to(device, dtype)
-        v = torch.randn(1, 8, 2, head_dim, generator=g).to(device, dtype)
-        out, lse = kernel.forward(q, k, v, True, head_dim**-0.5)
-        dq, dk, dv = kernel.backward(torch.ones_like(out), q, k, v, out, lse, True, head_dim**-0.5)
-        ok = dq.shape == q.shape and dk.shape == k.shape and bool(torch.isfinite(out).all())
-    except Exception:  # any failure means: not usable here (probe, not a user call)
-        return False
-    return ok
+_PROBED: dict[tuple, bool] = {}
+
+
+def _device_key(device: torch.device) -> str:
+    """'cpu' or 'cuda:<index> <name>' so different GPUs in one process are probed separately."""
+    if device.type != "cuda":
+        return device.type
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index} {torch.cuda.get_device_name(index)}"
+
+
+def kernel_works(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Probe a kernel once per (device, dtype, head_dim) with a tiny GQA forward and backward.
+
+    An out-of-memory failure is not remembered (the next call probes again); any other failure means
+    the kernel does not support this configuration.
+    """
+    device = torch.device(device)
+    key = (name, _device_key(device), dtype, head_dim)
+    if key not in _PROBED:
+        if name == "flash_attn" and not flash_attn_available():
+            _PROBED[key] = False
+            return False
+        ctx = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        try:
+            with ctx:
+                _PROBED[key] = _probe(KERNELS[name], device, dtype, head_dim)
+        except torch.OutOfMemoryError:
+            return False
+        except Exception:  # not usable here (this is a probe, not a user call)
+            _PROBED[key] = False
+    return _PROBED[key]
+
+
+def _probe(kernel: AttnKernel, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(1, 8, 4, head_dim, generator=g).to(device, dtype)
+    k = torch.randn(1, 8, 2, head_dim, generator=g).to(device, dtype)
+    v = torch.randn(1, 8, 2, head_dim, generator=g).to(device, dtype)
+    out, lse = kernel.forward(q, k, v, True, head_dim**-0.5)
+    dq, dk, dv = kernel.backward(torch.ones_like(out), q, k, v, out, lse, True, head_dim**-0.5)
+    return dq.shape == q.shape and dk.shape == k.shape and bool(torch.isfinite(out).all())
 
 
 def _unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
@@ -62,12 +87,17 @@ def get_kernel(name: str, device: torch.device | str, dtype: torch.dtype, head_d
     if name == "auto":
         candidates = CUDA_PREFERENCE if device.type == "cuda" else ("cpu",)
         for cand in candidates:
-            if kernel_works(cand, device.type, dtype, head_dim):
+            if kernel_works(cand, device, dtype, head_dim):
                 return KERNELS[cand]
+        warnings.warn(
+            f"no fused attention kernel supports {dtype} with head_dim={head_dim} on {device}; using the "
+            "explicit-softmax 'math' kernel (O(seq^2) memory)",
+            stacklevel=3,
+        )
         return MATH
     if name not in KERNELS:
         raise ValueError(f"unknown attention kernel {name!r}; choose one of {KERNEL_NAMES}")
-    if name != "math" and not kernel_works(name, device.type, dtype, head_dim):
+    if name != "math" and not kernel_works(name, device, dtype, head_dim):
         raise RuntimeError(
             f"attention kernel {name!r} cannot run here: {_unavailable_reason(name, device, dtype, head_dim)}. "
             "Use kernel='auto' to pick one that works."
