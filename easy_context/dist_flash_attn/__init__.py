@@ -1,7 +1,7 @@
 """DistFlashAttn backend (LightSeq, Li et al. 2023): contiguous shards, helper ranks balance causal work."""
 
 from ..seq_algo import SeqAlgo
-from .attention import DistFlashAttnFunc, dist_backward, dist_flash_attention, dist_forward
+from .attention import dist_backward, dist_flash_attention, dist_forward
 from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_unshard
 from .schedule import Task, build_schedule, rank_kernel_calls, rank_work
 
@@ -14,7 +14,6 @@ ALGO = SeqAlgo(
 
 __all__ = [
     "ALGO",
-    "DistFlashAttnFunc",
     "Task",
     "build_schedule",
     "contiguous_multiple",

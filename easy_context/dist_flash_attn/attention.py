@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..attn_checkpoint import forward_or_replay
 from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from ..distributed_attn import distributed_attention
 from ..kernels import AttnKernel
 from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_blocks
 
@@ -202,21 +202,6 @@ def dist_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     return prog.result()
 
 
-class DistFlashAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, kernel: AttnKernel, scale: float, causal: bool, group):
-        out, lse = forward_or_replay(NAME, q, lambda: dist_forward(q, k, v, kernel, scale, causal, group))
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.kernel, ctx.scale, ctx.causal, ctx.group = kernel, scale, causal, group
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = dist_backward(dout.contiguous(), q, k, v, out, lse, ctx.kernel, ctx.scale, ctx.causal, ctx.group)
-        return dq, dk, dv, None, None, None, None
-
-
 def dist_flash_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
     """Causal (or full) attention over the contiguously sharded sequence of ``group`` (DistFlashAttn).
 
@@ -225,6 +210,4 @@ def dist_flash_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool
     Inside a :func:`easy_context.attn_checkpoint.checkpoint_after_attention` layer the recompute reuses
     the forward's output instead of running attention again.
     """
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        return DistFlashAttnFunc.apply(q, k, v, kernel, scale, causal, group)
-    return forward_or_replay(NAME, q, lambda: dist_forward(q, k, v, kernel, scale, causal, group))[0]
+    return distributed_attention(NAME, dist_forward, dist_backward, q, k, v, kernel, scale, causal, group)

@@ -1,7 +1,7 @@
 """Zigzag ring attention backend (load-balanced causal ring, Brandon et al. / ring-flash-attn style)."""
 
 from ..seq_algo import SeqAlgo
-from .attention import ZigzagRingAttnFunc, ring_backward, ring_forward, zigzag_ring_attention
+from .attention import ring_backward, ring_forward, zigzag_ring_attention
 from .prepare_inputs import zigzag_multiple, zigzag_shard, zigzag_unshard
 from .schedule import zigzag_blocks
 
@@ -14,7 +14,6 @@ ALGO = SeqAlgo(
 
 __all__ = [
     "ALGO",
-    "ZigzagRingAttnFunc",
     "ring_backward",
     "ring_forward",
     "zigzag_blocks",

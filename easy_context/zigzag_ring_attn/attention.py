@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..attn_checkpoint import forward_or_replay
 from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..comm import RingExchange
+from ..distributed_attn import distributed_attention
 from ..kernels import AttnKernel
 from .schedule import zigzag_blocks
 
@@ -65,22 +65,6 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
-class ZigzagRingAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, kernel: AttnKernel, scale: float, causal: bool, group):
-        # inside checkpoint_after_attention, the recompute replays the recorded (out, lse)
-        out, lse = forward_or_replay("zigzag_ring_attn", q, lambda: ring_forward(q, k, v, kernel, scale, causal, group))
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.kernel, ctx.scale, ctx.causal, ctx.group = kernel, scale, causal, group
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.kernel, ctx.scale, ctx.causal, ctx.group)
-        return dq, dk, dv, None, None, None, None
-
-
 def zigzag_ring_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
     """Causal (or full) attention over the zigzag-sharded sequence of ``group``.
 
@@ -88,4 +72,4 @@ def zigzag_ring_attention(q, k, v, kernel: AttnKernel, scale: float, causal: boo
     (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output.
     """
     _check_local_len(q, causal)
-    return ZigzagRingAttnFunc.apply(q, k, v, kernel, scale, causal, group)
+    return distributed_attention("zigzag_ring_attn", ring_forward, ring_backward, q, k, v, kernel, scale, causal, group)
