@@ -10,10 +10,23 @@ Functional API::
 """
 
 from . import registry
+from .dataloader import prepare_dataloader
 from .groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
+from .inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
 from .kernels import KERNEL_NAMES, get_kernel
 from .padding import pad_to_multiple
 from .registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
+
+
+def apply_seq_parallel_monkey_patch(seq_algo, model, **options):
+    """Switch a transformers model (or, given a model-type string, models of that type) to ``seq_algo`` attention.
+
+    See :func:`easy_context.hf.apply_seq_parallel_monkey_patch` (imported lazily: transformers is optional).
+    """
+    from .hf import apply_seq_parallel_monkey_patch as patch
+
+    return patch(seq_algo, model, **options)
+
 
 __version__ = "0.1.0"
 
@@ -26,6 +39,10 @@ def __getattr__(name: str):
 
 __all__ = [
     "KERNEL_NAMES",
+    "apply_seq_parallel_monkey_patch",
+    "pad_seq_parallel_inputs",
+    "prepare_dataloader",
+    "prepare_seq_parallel_inputs",
     "SEQ_ALGOS",
     "extract_local",
     "get_attn_func",

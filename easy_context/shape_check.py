@@ -34,7 +34,8 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, group: dist.
     device = torch.device("cpu") if dist.get_backend(group) == "gloo" else q.device
     mine = torch.tensor([*q.shape, *k.shape, _DTYPE_CODES.get(q.dtype, 9)], dtype=torch.int64, device=device)
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(every, mine, group=group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    gather(every, mine, group=group)
     shapes = [tuple(row) for row in every.view(world, -1).tolist()]
     if len(set(shapes)) != 1:
         raise ValueError(

@@ -1,0 +1,106 @@
+"""Switch transformers models to sequence-parallel attention through the attention registry.
+
+``apply_seq_parallel_monkey_patch(seq_algo, model)`` registers our attention function under a name and
+sets it on the model (``model.set_attn_implementation``); no model code is copied or replaced. For
+EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
+that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``).
+
+A forward pre-hook on the model guards what the attention function cannot see: a padding
+``attention_mask`` (transformers drops masks for custom attention names), missing ``position_ids``
+(each rank must pass the global positions of its shard) and KV caches (off for SP).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..registry import get_seq_algo
+from .attention import make_hf_attention
+
+_TYPE_PATCHES: dict[str, tuple[str, dict[str, Any]]] = {}
+_POST_INIT_PATCHED = False
+
+
+def attention_name(seq_algo: str, **options: Any) -> str:
+    """The registry name for ``seq_algo`` with ``options`` (registered on first use)."""
+    get_seq_algo(seq_algo)  # validates the name
+    suffix = "".join(f"__{k}_{v}" for k, v in sorted(options.items()) if v is not None)
+    # transformers treats any name containing "flash" as a flash-attention kernel request: avoid the word
+    name = f"easy_context_{seq_algo}{suffix}".replace("flash", "fl4sh")
+    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+        AttentionInterface.register(name, make_hf_attention(seq_algo, **options))
+    return name
+
+
+def _guard_inputs(seq_algo: str):
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(torch.all(mask == 1)):
+            raise ValueError(
+                f"{seq_algo}: a padding attention_mask is not supported with sequence parallelism (transformers "
+                "would drop it silently for custom attention); pack sequences, pad at the end and set those "
+                "targets to -100 (easy_context.pad_seq_parallel_inputs)"
+            )
+        kwargs.pop("attention_mask", None)
+        if kwargs.get("position_ids") is None:
+            raise ValueError(
+                f"{seq_algo}: pass position_ids: each rank holds a shard of the sequence and needs its global "
+                "positions (easy_context.prepare_seq_parallel_inputs returns local_position_ids)"
+            )
+        if kwargs.get("past_key_values") is not None:
+            raise NotImplementedError(f"{seq_algo}: KV caches are not supported with sequence parallelism")
+        kwargs["use_cache"] = False
+        return args, kwargs
+
+    return hook
+
+
+def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
+    model.set_attn_implementation(attention_name(seq_algo, **options))
+    old = getattr(model, "_easy_context_guard", None)
+    if old is not None:
+        old.remove()
+    model._easy_context_guard = model.register_forward_pre_hook(_guard_inputs(seq_algo), with_kwargs=True)
+    return model
+
+
+def _patch_post_init() -> None:
+    global _POST_INIT_PATCHED
+    if _POST_INIT_PATCHED:
+        return
+    original = PreTrainedModel.post_init
+
+    def post_init(self: PreTrainedModel, *args, **kwargs):
+        original(self, *args, **kwargs)
+        patch = _TYPE_PATCHES.get(getattr(self.config, "model_type", None))
+        if patch is not None:
+            _switch(self, patch[0], patch[1])
+
+    PreTrainedModel.post_init = post_init
+    _POST_INIT_PATCHED = True
+
+
+def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str, **options: Any):
+    """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
+
+    ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
+    leaves the model's own attention untouched. Returns the model (or None for a model-type string).
+    """
+    algo = get_seq_algo(seq_algo)
+    algo.attn_func(**options)  # validates the options now, not at the first forward
+    if isinstance(model, str):
+        if algo.distributed:
+            _TYPE_PATCHES[model] = (seq_algo, dict(options))
+            _patch_post_init()
+        else:
+            _TYPE_PATCHES.pop(model, None)
+        return None
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"expected a transformers PreTrainedModel or a model-type string, got {type(model).__name__}")
+    if not algo.distributed:
+        return model
+    return _switch(model, seq_algo, dict(options))

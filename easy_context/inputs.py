@@ -1,0 +1,71 @@
+"""Shard a batch for sequence parallelism (EasyContext's ``prepare_seq_parallel_inputs``) and pad it first."""
+
+from __future__ import annotations
+
+import torch
+
+from .padding import pad_to_multiple
+from .registry import extract_local, seq_multiple
+
+
+def pad_seq_parallel_inputs(
+    seq_algo: str,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    target_ids: torch.Tensor,
+    world_size: int,
+    pad_token_id: int = 0,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad (batch, seq) ids at the end to the length ``seq_algo`` needs on ``world_size`` ranks.
+
+    Input ids get ``pad_token_id``, targets get -100 (ignored by the loss), position ids keep counting
+    (pad positions only follow real tokens, which never attend to them under causal attention).
+    Returns (input_ids, position_ids, target_ids).
+    """
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    multiple = seq_multiple(seq_algo, world_size, **options)
+    length = input_ids.shape[1]
+    padded = -(-length // multiple) * multiple
+    if padded == length:
+        return input_ids, position_ids, target_ids
+    extra = torch.arange(length, padded, device=position_ids.device).expand(position_ids.shape[0], -1)
+    return (
+        pad_to_multiple(input_ids, multiple, dim=1, value=pad_token_id),
+        torch.cat([position_ids, extra.to(position_ids.dtype)], dim=1),
+        pad_to_multiple(target_ids, multiple, dim=1, value=-100),
+    )
+
+
+def prepare_seq_parallel_inputs(
+    seq_algo: str,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    target_ids: torch.Tensor,
+    rank: int,
+    world_size: int,
+    device: torch.device | str,
+    **options,
+) -> dict[str, torch.Tensor]:
+    """This rank's shard of (batch, seq) ids: ``{"local_input_ids", "local_position_ids", "local_target_ids"}``.
+
+    ``target_ids`` are already shifted by the caller (target i is the token after input i). ``rank`` and
+    ``world_size`` are the SP rank and size. Lengths that do not shard evenly raise an error naming
+    :func:`pad_seq_parallel_inputs`.
+    """
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    multiple = seq_multiple(seq_algo, world_size, **options)
+    if input_ids.shape[1] % multiple:
+        raise ValueError(
+            f"{seq_algo}: sequence length {input_ids.shape[1]} is not divisible by {multiple} for "
+            f"world_size={world_size}; pad first with easy_context.pad_seq_parallel_inputs(...) "
+            "(pad tokens with target -100)"
+        )
+    shard = lambda x: extract_local(seq_algo, x, rank, world_size, dim=1, **options).to(device)  # noqa: E731
+    return {
+        "local_input_ids": shard(input_ids),
+        "local_position_ids": shard(position_ids),
+        "local_target_ids": shard(target_ids),
+    }

@@ -1,0 +1,148 @@
+"""Model-level parity: tiny Llama/Mistral/Qwen2/Qwen3 under every SP backend vs one process."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import easy_context as ec
+from tests.dist_pool import RemoteError
+from tests.models import tiny_model
+from tests.reference import rel_err
+
+ALGOS = [
+    ("zigzag_ring_attn", {}),
+    ("ulysses_attn", {}),
+    ("usp_attn", {"ring_degree": 2}),
+    ("dist_flash_attn", {}),
+]
+
+
+def _batch(world, seed=1, batch=2, chunks=3):
+    g = torch.Generator().manual_seed(seed)
+    s = 4 * world * chunks
+    ids = torch.randint(0, 128, (batch, s + 1), generator=g)
+    inputs, targets = ids[:, :-1], ids[:, 1:].clone()
+    targets[torch.rand(targets.shape, generator=g) < 0.4] = -100  # many ignored targets
+    return inputs, targets
+
+
+def _token_loss_sum(logits, targets):
+    return torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
+
+
+def model_parity_worker(rank, world, algo, opts, model_type):
+    ref_model = tiny_model(model_type)
+    inputs, targets = _batch(world)
+    # the last rank's shard gets no valid target at all (it must contribute 0, never NaN)
+    last = ec.extract_local(algo, torch.arange(inputs.shape[1])[None], world - 1, world, **opts)[0]
+    targets[:, last] = -100
+    positions = torch.arange(inputs.shape[1]).expand_as(inputs)
+    ref_logits = ref_model(inputs, position_ids=positions).logits
+    n_valid = (targets != -100).sum()
+    (_token_loss_sum(ref_logits, targets) / n_valid).backward()
+
+    sp_model = copy.deepcopy(ref_model)
+    sp_model.zero_grad(set_to_none=True)
+    ec.apply_seq_parallel_monkey_patch(algo, sp_model, **opts)
+    local = ec.prepare_seq_parallel_inputs(algo, inputs, positions, targets, rank, world, "cpu", **opts)
+    logits = sp_model(local["local_input_ids"], position_ids=local["local_position_ids"]).logits
+    loss_sum = _token_loss_sum(logits, local["local_target_ids"])
+    count = (local["local_target_ids"] != -100).sum()
+    global_count = count.clone()
+    dist.all_reduce(global_count)
+    (loss_sum / global_count).backward()
+    assert torch.isfinite(loss_sum)
+    errs = {"logits": rel_err(logits, ec.extract_local(algo, ref_logits.detach(), rank, world, **opts))}
+    for (name, p), (_, p_ref) in zip(sp_model.named_parameters(), ref_model.named_parameters()):
+        grad = p.grad.clone()
+        dist.all_reduce(grad)  # the gradient of the global loss is the sum over SP ranks
+        errs[name] = rel_err(grad, p_ref.grad)
+    return errs
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("algo,opts", ALGOS, ids=[a for a, _ in ALGOS])
+def test_model_parity(dist_pool, world, algo, opts, model_type):
+    if world == 2 and algo == "usp_attn":
+        opts = {"ring_degree": 1}
+    for rank, errs in enumerate(dist_pool(world).run(model_parity_worker, algo, opts, model_type)):
+        worst = max(errs, key=errs.get)
+        assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
+
+
+def bad_input_worker(rank, world, case):
+    from transformers import AutoModelForCausalLM
+
+    from tests.models import tiny_config
+
+    overrides = {
+        "sliding": {"sliding_window": 8},
+        "dropout": {"attention_dropout": 0.1},
+    }.get(case, {})
+    cfg = tiny_config("mistral" if case == "sliding" else "llama", **overrides)
+    model = AutoModelForCausalLM.from_config(cfg)
+    ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", model)
+    ids = torch.randint(0, 128, (1, 16))
+    pos = torch.arange(16)[None]
+    kwargs = {"position_ids": pos}
+    if case == "padding_mask":
+        kwargs["attention_mask"] = torch.tensor([[0] * 4 + [1] * 12])
+    if case == "no_positions":
+        kwargs = {}
+    if case == "ones_mask":  # an all-ones mask is harmless and accepted
+        kwargs["attention_mask"] = torch.ones(1, 16, dtype=torch.long)
+    model(ids, **kwargs)
+    return "ok"
+
+
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("sliding", "sliding-window attention"),
+        ("dropout", "attention dropout"),
+        ("padding_mask", "padding attention_mask"),
+        ("no_positions", "pass position_ids"),
+    ],
+)
+def test_unsupported_features_raise(dist_pool, case, message):
+    with pytest.raises(RemoteError, match=message):
+        dist_pool(2).run(bad_input_worker, case)
+
+
+def test_all_ones_mask_is_accepted(dist_pool):
+    assert dist_pool(2).run(bad_input_worker, "ones_mask") == ["ok", "ok"]
+
+
+def type_patch_worker(rank, world):
+    """EasyContext style: patch a model type, then build the model."""
+    ec.apply_seq_parallel_monkey_patch("ulysses_attn", "qwen2")
+    try:
+        model = tiny_model("qwen2")
+        return model.config._attn_implementation
+    finally:
+        ec.apply_seq_parallel_monkey_patch("data_parallel", "qwen2")  # undo for later tests
+
+
+def test_model_type_string_patch(dist_pool):
+    names = dist_pool(2).run(type_patch_worker)
+    assert all(n.startswith("easy_context_ulysses_attn") for n in names)
+
+
+def test_prepare_inputs_and_padding():
+    ids = torch.arange(2999)[None]
+    with pytest.raises(ValueError, match="pad_seq_parallel_inputs"):
+        ec.prepare_seq_parallel_inputs("zigzag_ring_attn", ids, None, ids, 0, 4, "cpu")
+    p_ids, p_pos, p_tgt = ec.pad_seq_parallel_inputs("zigzag_ring_attn", ids, None, ids.clone(), 4, pad_token_id=7)
+    assert p_ids.shape[1] == 3000 and p_ids[0, -1] == 7 and p_tgt[0, -1] == -100 and p_pos[0, -1] == 2999
+    local = ec.prepare_seq_parallel_inputs("zigzag_ring_attn", p_ids, p_pos, p_tgt, 1, 4, "cpu")
+    assert set(local) == {"local_input_ids", "local_position_ids", "local_target_ids"}
+    assert local["local_position_ids"][0].tolist() == list(range(375, 750)) + list(range(2250, 2625))
+    with pytest.raises(ValueError, match="unknown sequence-parallel mode"):
+        ec.apply_seq_parallel_monkey_patch("ring", "llama")
