@@ -1,0 +1,39 @@
+"""Losses for sequence-parallel training: memory-light linear cross-entropy and the exact global mean.
+
+::
+
+    from easy_context.loss import linear_cross_entropy, global_mean_loss, global_mean_for_logging
+
+    loss_sum, n = linear_cross_entropy(hidden, lm_head.weight, targets)     # (B, S_local, H), (B, S_local)
+    loss = global_mean_loss(loss_sum, n, grad_average_world=world_size)    # backward this
+    logged = global_mean_for_logging(loss_sum, n)                           # report this
+"""
+
+from .chunked_ce import (
+    DEFAULT_CHUNK_SIZE,
+    IGNORE_INDEX,
+    chunked_linear_cross_entropy,
+    plain_linear_cross_entropy,
+)
+from .fused_ce import (
+    LCE_IMPLS,
+    cce_linear_cross_entropy,
+    liger_linear_cross_entropy,
+    linear_cross_entropy,
+)
+from .global_loss import all_reduce_count, count_valid_targets, global_mean_for_logging, global_mean_loss
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "IGNORE_INDEX",
+    "LCE_IMPLS",
+    "all_reduce_count",
+    "cce_linear_cross_entropy",
+    "chunked_linear_cross_entropy",
+    "count_valid_targets",
+    "global_mean_for_logging",
+    "global_mean_loss",
+    "liger_linear_cross_entropy",
+    "linear_cross_entropy",
+    "plain_linear_cross_entropy",
+]
