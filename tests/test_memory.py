@@ -1,0 +1,263 @@
+"""easy_context.memory: offloaded activation checkpointing and tiled MLPs equal the plain model (CPU, fp32)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import easy_context.memory.offload_checkpoint as oc
+from easy_context.memory import (
+    apply_unsloth_offloaded_gradient_checkpoint_monkey_patch,
+    enable_offloaded_checkpointing,
+    enable_tiled_mlp,
+    offloaded_checkpoint,
+    revert_unsloth_offloaded_gradient_checkpoint_monkey_patch,
+    tile_bounds,
+    tiled_mlp,
+)
+
+BATCH, SEQ, LAYERS, HIDDEN = 2, 40, 2, 64
+MODES = ["hf_patch", "offload", "tiled", "offload+tiled"]
+
+
+def _config(model_type: str):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(hidden_size=HIDDEN, intermediate_size=160, num_hidden_layers=LAYERS, vocab_size=128)
+    common |= dict(num_attention_heads=4, num_key_value_heads=2)
+    if model_type == "llama":
+        return LlamaConfig(**common)
+    if model_type == "qwen2":
+        return Qwen2Config(**common)
+    return Qwen3Config(**common, head_dim=16)
+
+
+def _model(model_type: str):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(_config(model_type)), attn_implementation="sdpa")
+    return model.float().train()
+
+
+def _loss_and_grads(model) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (BATCH, SEQ), generator=g)
+    labels = torch.randint(0, 128, (BATCH, SEQ), generator=g)
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+class _HookLog:
+    """Wraps the offload pack/unpack hooks to record what goes to the host and back."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.packed: list[tuple[tuple[int, ...], torch.device, bool]] = []  # (shape, host device, is a copy)
+        self.unpacked: list[tuple[tuple[int, ...], torch.device]] = []
+        pack, unpack = oc.pack_to_host, oc.unpack_to_device
+
+        def logged_pack(t: torch.Tensor):
+            packed = pack(t)
+            self.packed.append((tuple(t.shape), packed.host.device, packed.host.data_ptr() != t.data_ptr()))
+            return packed
+
+        def logged_unpack(packed):
+            t = unpack(packed)
+            self.unpacked.append((tuple(t.shape), t.device))
+            return t
+
+        monkeypatch.setattr(oc, "pack_to_host", logged_pack)
+        monkeypatch.setattr(oc, "unpack_to_device", logged_unpack)
+
+
+@pytest.fixture
+def hf_patch():
+    apply_unsloth_offloaded_gradient_checkpoint_monkey_patch()
+    yield
+    revert_unsloth_offloaded_gradient_checkpoint_monkey_patch()
+
+
+_REFERENCE: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_model_parity(model_type: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if model_type not in _REFERENCE:
+        _REFERENCE[model_type] = _loss_and_grads(_model(model_type))
+    ref_loss, ref_grads = _REFERENCE[model_type]
+
+    log = _HookLog(monkeypatch)
+    if mode == "hf_patch":
+        existing = _model(model_type)  # built before the patch, enabled after it
+        apply_unsloth_offloaded_gradient_checkpoint_monkey_patch()
+        try:
+            model = _model(model_type) if model_type == "qwen3" else existing  # ... or built after it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # the alias is deprecated in transformers 5
+                model.gradient_checkpointing_enable()
+        finally:
+            revert_unsloth_offloaded_gradient_checkpoint_monkey_patch()
+        funcs = [layer._gradient_checkpointing_func for layer in model.model.layers]
+        assert all(f.func is offloaded_checkpoint and f.keywords == {"use_reentrant": False} for f in funcs)
+    else:
+        model = _model(model_type)
+        if "offload" in mode:
+            enable_offloaded_checkpointing(model)
+        if "tiled" in mode:
+            enable_tiled_mlp(model, num_tiles=3)  # 14 + 13 + 13 tokens
+
+    loss, grads = _loss_and_grads(model)
+    assert _rel_err(loss, ref_loss) < 1e-5
+    assert grads.keys() == ref_grads.keys()
+    errs = {n: _rel_err(grads[n], ref_grads[n]) for n in ref_grads}
+    assert max(errs.values()) < 1e-5, sorted(errs.items(), key=lambda kv: -kv[1])[:3]
+
+    if mode == "tiled":
+        assert log.packed == [] and log.unpacked == []
+    else:  # every layer's input (b, s, hidden) went to the host as a copy, and came back for the recompute
+        assert log.packed == [((BATCH, SEQ, HIDDEN), torch.device("cpu"), True)] * LAYERS
+        assert log.unpacked == [((BATCH, SEQ, HIDDEN), torch.device("cpu"))] * LAYERS
+
+
+def test_hf_patch_scope(hf_patch: None) -> None:
+    """The patch covers both HF entry points and is reverted cleanly; enabling without it stays plain."""
+    import transformers.modeling_utils as modeling_utils
+
+    model = _model("llama")
+    model.activation_checkpointing_enable()
+    assert model.model.layers[0]._gradient_checkpointing_func.func is offloaded_checkpoint
+    revert_unsloth_offloaded_gradient_checkpoint_monkey_patch()
+    assert modeling_utils.checkpoint is torch.utils.checkpoint.checkpoint
+    model.activation_checkpointing_enable()
+    assert model.model.layers[0]._gradient_checkpointing_func.func is torch.utils.checkpoint.checkpoint
+    enable_offloaded_checkpointing(model, offload=False)  # same code path, hooks off
+    assert model.model.layers[0]._gradient_checkpointing_func.keywords["offload"] is False
+
+
+def test_offload_disabled_and_eval(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = _HookLog(monkeypatch)
+    model = enable_offloaded_checkpointing(_model("llama"), offload=False)
+    _loss_and_grads(model)
+    model.eval()
+    enable_offloaded_checkpointing(model)
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    assert log.packed == []
+
+
+# --- tiled MLP on one module ---------------------------------------------------------------------------------
+
+
+def _mlp(dtype: torch.dtype = torch.float32, bias: bool = False):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=96, mlp_bias=bias)
+    return LlamaMLP(cfg).to(dtype)
+
+
+def _mlp_run(mlp, x: torch.Tensor, **tiling) -> tuple[torch.Tensor, ...]:
+    mlp.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    out = tiled_mlp(mlp, x, **tiling) if tiling else mlp(x)
+    out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
+    return (out.detach(), x.grad, *[p.grad for p in mlp.parameters()])
+
+
+@pytest.mark.parametrize("tiling", [{"num_tiles": n} for n in (1, 2, 3, 5, 37, 64)] + [{"tile_tokens": 8}, {}])
+def test_tiled_mlp_equals_plain(tiling: dict[str, int]) -> None:
+    mlp = _mlp(bias=True)
+    x = torch.randn(2, 37, 32, generator=torch.Generator().manual_seed(2))
+    ref = _mlp_run(mlp, x)
+    got = _mlp_run(mlp, x, **tiling)
+    assert len(got) == 2 + 6
+    for a, b in zip(got, ref):
+        assert _rel_err(a, b) < 1e-5
+
+
+def test_tiled_mlp_bf16_and_frozen_weights() -> None:
+    x = torch.randn(2, 50, 32, generator=torch.Generator().manual_seed(3))
+    ref32 = _mlp_run(_mlp(), x)
+    mlp = _mlp(torch.bfloat16)
+    ref = _mlp_run(mlp, x.bfloat16())
+    got = _mlp_run(mlp, x.bfloat16(), num_tiles=4)
+    for a, b, c in zip(got, ref, ref32):
+        assert a.dtype == torch.bfloat16
+        assert _rel_err(a, c) < 2 * _rel_err(b, c) + 1e-2  # as close to fp32 as the plain bf16 MLP
+
+    mlp = _mlp()  # fp32 weights under CPU autocast: the backward recompute must use bf16 matmuls too
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = _mlp_run(mlp, x)
+        dtypes: list[torch.dtype] = []
+        handle = mlp.act_fn.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+        got = _mlp_run(mlp, x, num_tiles=4)
+        handle.remove()
+    assert dtypes == [torch.bfloat16] * 8  # 4 tiles forward, 4 recomputed in the backward
+    for a, b in zip(got, ref):
+        assert _rel_err(a, b) < 1e-2
+
+    mlp.gate_proj.weight.requires_grad_(False)
+    got = _mlp_run(mlp, x, num_tiles=3)
+    ref = _mlp_run(mlp, x)
+    assert got[2] is None and ref[2] is None  # the frozen gate weight gets no gradient
+    for a, b in zip(got[:2] + got[3:], ref[:2] + ref[3:]):
+        assert _rel_err(a, b) < 1e-5
+
+
+class _LargestIntermediate(TorchDispatchMode):
+    """Largest (..., tokens, intermediate) tensor produced by any op, forward and backward."""
+
+    def __init__(self, intermediate: int):
+        super().__init__()
+        self.intermediate, self.largest = intermediate, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 3 and t.shape[-1] == self.intermediate:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("num_tiles", [4, 7])
+def test_tiled_mlp_intermediate_size(num_tiles: int) -> None:
+    mlp = _mlp()
+    x = torch.randn(2, 200, 32, generator=torch.Generator().manual_seed(4))
+    calls: list[tuple[int, ...]] = []
+    mlp.act_fn.register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
+    with _LargestIntermediate(96) as plain:
+        _mlp_run(mlp, x)
+    assert plain.largest == 2 * 200 * 96 and calls == [(2, 200, 96)]
+
+    calls.clear()
+    with _LargestIntermediate(96) as tiled:
+        _mlp_run(mlp, x, num_tiles=num_tiles)
+    tile = math.ceil(200 / num_tiles)
+    assert tiled.largest == 2 * tile * 96  # ~1/num_tiles of the plain MLP's, forward and backward
+    assert len(calls) == 2 * num_tiles and max(c[1] for c in calls) == tile  # forward + backward recompute
+
+
+def test_enable_tiled_mlp_patches_each_layer_once() -> None:
+    model = _model("llama")
+    enable_tiled_mlp(model, tile_tokens=16)
+    enable_tiled_mlp(model, num_tiles=2)  # re-tiles, does not wrap twice
+    for layer in model.model.layers:
+        assert layer.mlp._ec_tiled_mlp_options == {"num_tiles": 2, "tile_tokens": None}
+        assert layer.mlp._ec_plain_mlp_forward.__func__ is type(layer.mlp).forward
+    with pytest.raises(ValueError):
+        tile_bounds(10, num_tiles=2, tile_tokens=3)
+    with pytest.raises(ValueError):
+        enable_tiled_mlp(torch.nn.Linear(2, 2))
