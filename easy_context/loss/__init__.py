@@ -22,8 +22,12 @@ from .fused_ce import (
     linear_cross_entropy,
 )
 from .global_loss import all_reduce_count, count_valid_targets, global_mean_for_logging, global_mean_loss
+from .lm_head import HEAD_LOSS_IMPLS, CausalLMWithLoss, LMHeadWithLoss
 
 __all__ = [
+    "HEAD_LOSS_IMPLS",
+    "CausalLMWithLoss",
+    "LMHeadWithLoss",
     "DEFAULT_CHUNK_SIZE",
     "IGNORE_INDEX",
     "LCE_IMPLS",

@@ -1,0 +1,25 @@
+"""Data preparation for long-context training: raw text -> tokenizer -> packed ``seq_length + 1`` rows.
+
+    from easy_context.data import load_documents, train_byte_level_bpe, prepare_dataset, load_train_dataset
+    tok = train_byte_level_bpe(load_documents("PaulGrahamEssays"), vocab_size=8000, out_dir="out/tok")
+    ds = prepare_dataset("PaulGrahamEssays", tok, seq_length=4096, output_dir="out/pg_4k")
+    train_set = load_train_dataset("out/pg_4k", tok, seq_length=4096)   # items: LongTensor (4097,)
+
+CLI: ``python -m easy_context.data --dataset SRC --output DIR --seq-length N (--tokenizer T | --train-tokenizer V)``.
+"""
+
+from .packing import PackStats, pack_documents
+from .prepare import load_train_dataset, pack_stats, prepare_dataset
+from .sources import load_documents
+from .tokenizer import load_tokenizer, train_byte_level_bpe
+
+__all__ = [
+    "PackStats",
+    "load_documents",
+    "load_tokenizer",
+    "load_train_dataset",
+    "pack_documents",
+    "pack_stats",
+    "prepare_dataset",
+    "train_byte_level_bpe",
+]

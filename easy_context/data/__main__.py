@@ -1,0 +1,85 @@
+"""``python -m easy_context.data``: tokenize and pack a text source into a ``save_to_disk`` training set.
+
+    python -m easy_context.data --dataset PaulGrahamEssays --output out/pg_1k --seq-length 1024 --train-tokenizer 8000
+    python -m easy_context.data --dataset data.jsonl --output out/d_32k --seq-length 32768 --tokenizer PATH \\
+        --long-doc-tokens 32768 --upsample-factor 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .prepare import pack_stats, prepare_dataset
+from .sources import load_documents
+from .tokenizer import load_tokenizer, train_byte_level_bpe
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m easy_context.data", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--dataset", required=True, help=".txt/.jsonl file, folder of them, save_to_disk folder, or hub name"
+    )
+    p.add_argument("--output", required=True, help="folder for the prepared dataset (save_to_disk)")
+    p.add_argument("--seq-length", type=int, required=True, help="tokens per training sequence (rows hold N+1)")
+    tok = p.add_mutually_exclusive_group(required=True)
+    tok.add_argument("--tokenizer", help="tokenizer name or local path (AutoTokenizer)")
+    tok.add_argument(
+        "--train-tokenizer",
+        type=int,
+        metavar="VOCAB_SIZE",
+        help="train a byte-level BPE on the source; saved to DIR/tokenizer",
+    )
+    p.add_argument("--long-doc-tokens", type=int, default=None, help="documents with >= T tokens count as long")
+    p.add_argument("--upsample-factor", type=int, default=1, help="repeat long documents K times (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--num-proc", type=int, default=1, help="tokenizer processes (default 1)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    args = p.parse_args(argv)
+    if args.upsample_factor > 1 and args.long_doc_tokens is None:
+        p.error("--upsample-factor needs --long-doc-tokens")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    try:
+        if args.train_tokenizer is not None:
+            tok_dir = os.path.join(args.output, "tokenizer")
+            tokenizer = train_byte_level_bpe(load_documents(args.dataset), args.train_tokenizer, tok_dir)
+            print(f"trained byte-level BPE (vocab {len(tokenizer)}) -> {tok_dir}")
+        else:
+            tokenizer = load_tokenizer(args.tokenizer)
+        ds = prepare_dataset(
+            args.dataset,
+            tokenizer,
+            args.seq_length,
+            output_dir=args.output,
+            long_doc_tokens=args.long_doc_tokens,
+            upsample_factor=args.upsample_factor,
+            seed=args.seed,
+            num_proc=args.num_proc,
+            show_progress=not args.no_progress,
+        )
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    s = pack_stats(ds)
+    print(f"documents: {s.documents:,}  tokens: {s.tokens:,} (EOS included)")
+    if args.long_doc_tokens is not None:
+        print(
+            f"long documents (>= {args.long_doc_tokens:,} tokens): {s.long_documents:,}, x{args.upsample_factor} -> "
+            f"{s.packed_documents:,} documents, {s.packed_tokens:,} tokens"
+        )
+    print(
+        f"rows: {s.rows:,} x {args.seq_length + 1:,} tokens (dropped tail: {s.dropped_tokens:,} tokens) "
+        f"-> {args.output}  [{time.perf_counter() - start:.1f} s]"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

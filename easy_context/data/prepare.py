@@ -1,0 +1,218 @@
+"""Prepared datasets: tokenize a source, pack it into ``seq_length + 1`` rows, save/load for training."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from .packing import PackStats, pack_to_array
+from .sources import is_saved_dataset, load_documents, load_saved_dataset
+from .tokenizer import load_tokenizer
+
+INPUT_IDS = "input_ids"
+_BATCH = 256
+
+
+def prepare_dataset(
+    source: str | Iterable[str],
+    tokenizer,
+    seq_length: int,
+    output_dir: str | None = None,
+    long_doc_tokens: int | None = None,
+    upsample_factor: int = 1,
+    seed: int | None = 0,
+    num_proc: int = 1,
+    show_progress: bool = True,
+):
+    """Tokenize ``source`` and pack it into a ``datasets.Dataset`` with one column ``"input_ids"``.
+
+    ``source``: anything :func:`load_documents` accepts, or an iterable of document strings. ``tokenizer``: a
+    transformers tokenizer or a name/path for :func:`load_tokenizer`. Every row holds ``seq_length + 1`` token ids
+    (see :func:`pack_documents` for EOS, upsampling and shuffling). Written with ``save_to_disk(output_dir)`` when
+    given. The packing statistics are stored as JSON in ``dataset.info.description``.
+    """
+    import datasets
+    import pyarrow as pa
+
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer)
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no eos_token; set tokenizer.eos_token first")
+    documents = load_documents(source) if isinstance(source, str) else iter(source)
+    token_lists = tokenize_documents(documents, tokenizer, num_proc=num_proc, show_progress=show_progress)
+    rows, stats = pack_to_array(token_lists, seq_length, eos_id, long_doc_tokens, upsample_factor, seed)
+    if stats.rows == 0:
+        raise ValueError(
+            f"{_describe(source)} has {stats.packed_tokens} tokens, fewer than one row of seq_length + 1 = "
+            f"{seq_length + 1}; use a smaller seq_length or more text"
+        )
+    row_len = seq_length + 1
+    column = pa.FixedSizeListArray.from_arrays(pa.array(rows.astype(np.int32).reshape(-1)), row_len)
+    meta = {
+        "seq_length": seq_length,
+        "source": _describe(source),
+        "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "vocab_size": len(tokenizer),
+        "eos_id": eos_id,
+        "long_doc_tokens": long_doc_tokens,
+        "upsample_factor": upsample_factor,
+        "seed": seed,
+        **dataclasses.asdict(stats),
+    }
+    ds = datasets.Dataset(pa.table({INPUT_IDS: column}), info=datasets.DatasetInfo(description=json.dumps(meta)))
+    if output_dir is not None:
+        os.makedirs(output_dir, exist_ok=True)
+        with _datasets_progress(show_progress):
+            ds.save_to_disk(output_dir)
+    return ds
+
+
+def pack_stats(dataset) -> PackStats | None:
+    """The :class:`PackStats` recorded by :func:`prepare_dataset` in ``dataset.info.description`` (or None)."""
+    try:
+        meta = json.loads(dataset.info.description or "")
+    except (json.JSONDecodeError, TypeError):
+        return None
+    fields = {f.name for f in dataclasses.fields(PackStats)}
+    return PackStats(**{k: v for k, v in meta.items() if k in fields}) if isinstance(meta, dict) else None
+
+
+def tokenize_documents(
+    documents: Iterable[str], tokenizer, num_proc: int = 1, show_progress: bool = True
+) -> Iterator[list[int]]:
+    """Yield the token ids of each document (no special tokens added), with a tqdm bar over documents."""
+    if num_proc > 1:
+        yield from _tokenize_parallel(documents, tokenizer, num_proc, show_progress)
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="tokenizing", unit="doc", disable=not show_progress) as bar:
+        for batch in _batches(documents, _BATCH):
+            encoded = tokenizer(batch, add_special_tokens=False)[INPUT_IDS]
+            bar.update(len(batch))
+            yield from encoded
+
+
+def _tokenize_parallel(documents: Iterable[str], tokenizer, num_proc: int, show_progress: bool) -> Iterator[list[int]]:
+    import datasets
+
+    texts = datasets.Dataset.from_dict({"text": list(documents)})
+
+    def encode(batch):
+        return {INPUT_IDS: tokenizer(batch["text"], add_special_tokens=False)[INPUT_IDS]}
+
+    with _datasets_progress(show_progress):
+        encoded = texts.map(encode, batched=True, batch_size=_BATCH, num_proc=num_proc, remove_columns=["text"])
+    for batch in encoded.iter(batch_size=1024):
+        yield from batch[INPUT_IDS]
+
+
+@contextlib.contextmanager
+def _datasets_progress(show: bool) -> Iterator[None]:
+    """Hide the ``datasets`` progress bars inside the block unless ``show``."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    if was_enabled and not show:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled and not show:
+            datasets.enable_progress_bars()
+
+
+def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _describe(source) -> str:
+    return source if isinstance(source, str) else f"<{type(source).__name__} of documents>"
+
+
+class PackedRows(torch.utils.data.Dataset):
+    """A torch view of a prepared ``datasets.Dataset``: item ``i`` is a LongTensor of shape ``(seq_length + 1,)``."""
+
+    def __init__(self, dataset, seq_length: int):
+        self.dataset = dataset.select_columns([INPUT_IDS]).with_format("numpy")
+        self.seq_length = seq_length
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        row = np.asarray(self.dataset[int(index)][INPUT_IDS])[: self.seq_length + 1]
+        return torch.from_numpy(row.astype(np.int64))
+
+
+def load_train_dataset(
+    dataset: str, tokenizer, seq_length: int, seed: int = 0, show_progress: bool = True
+) -> torch.utils.data.Dataset:
+    """The training set for ``train.py``: items are LongTensors of shape ``(seq_length + 1,)``.
+
+    ``dataset`` is either a prepared ``save_to_disk`` folder (``"input_ids"`` rows of at least ``seq_length + 1``
+    tokens, truncated to that length), or a raw source for :func:`load_documents`, tokenized with ``tokenizer``
+    (a tokenizer or a name/path) and packed in memory with ``seed`` (deterministic: every rank gets the same rows).
+    A prepared folder is used as saved (``seed`` is ignored: it was shuffled when prepared); ``tokenizer`` may then
+    be None, and when given its vocabulary is checked against the largest token id.
+    """
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer)
+    if is_saved_dataset(dataset):
+        saved = load_saved_dataset(dataset)
+        if INPUT_IDS in saved.column_names:
+            _check_prepared(saved, dataset, seq_length, tokenizer)
+            return PackedRows(saved, seq_length)
+    if tokenizer is None:
+        raise ValueError(f"{dataset!r} is raw text (not a prepared 'input_ids' dataset): it needs a tokenizer")
+    return PackedRows(
+        prepare_dataset(dataset, tokenizer, seq_length, seed=seed, show_progress=show_progress), seq_length
+    )
+
+
+def _check_prepared(saved, path: str, seq_length: int, tokenizer) -> None:
+    import pyarrow.compute as pc
+
+    if len(saved) == 0:
+        raise ValueError(f"prepared dataset {path!r} has no rows")
+    column = saved.data.column(INPUT_IDS)
+    shortest = pc.min(pc.list_value_length(column)).as_py()
+    if shortest < seq_length + 1:
+        prepared = _prepared_seq_length(saved, shortest)
+        raise ValueError(
+            f"prepared dataset {path!r} has rows of {shortest} tokens (prepared with --seq-length {prepared}), "
+            f"but seq_length={seq_length} needs {seq_length + 1} tokens per row. Re-run "
+            f"`python -m easy_context.data --dataset SRC --output {path} --seq-length {seq_length} ...`, "
+            f"or train with --seq-length <= {prepared}."
+        )
+    if tokenizer is not None:
+        largest = pc.max(pc.list_flatten(column)).as_py()
+        if largest is not None and largest >= len(tokenizer):
+            raise ValueError(
+                f"prepared dataset {path!r} contains token id {largest}, but the tokenizer "
+                f"{getattr(tokenizer, 'name_or_path', '')!r} has only {len(tokenizer)} tokens: "
+                "it was prepared with a different tokenizer"
+            )
+
+
+def _prepared_seq_length(saved, shortest: int) -> int:
+    try:
+        return int(json.loads(saved.info.description)["seq_length"])
+    except (json.JSONDecodeError, TypeError, KeyError, ValueError):
+        return shortest - 1

@@ -1,0 +1,88 @@
+"""Tokenizers: train a small byte-level BPE from scratch, or load an existing one by name or path."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+SPECIAL_TOKENS = [BOS, EOS, PAD]
+_BYTE_ALPHABET = 256
+
+
+def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, out_dir: str):
+    """Train a byte-level BPE (specials ``<s>``, ``</s>``, ``<pad>``) on ``texts`` and save it to ``out_dir``.
+
+    Returns a ``transformers.PreTrainedTokenizerFast`` with bos/eos/pad set; ``AutoTokenizer.from_pretrained(out_dir)``
+    loads the same tokenizer. Byte-level means any text round-trips through encode/decode.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    minimum = _BYTE_ALPHABET + len(SPECIAL_TOKENS)
+    if vocab_size < minimum:
+        raise ValueError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs at least {minimum} tokens")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_non_empty(texts), trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        clean_up_tokenization_spaces=False,
+        name_or_path=out_dir,
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    wrapped.save_pretrained(out_dir)
+    _portable_class_name(out_dir)
+    return wrapped
+
+
+def _portable_class_name(out_dir: str) -> None:
+    """Record ``tokenizer_class`` as ``PreTrainedTokenizerFast``, a name every transformers 4.x/5.x resolves."""
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _non_empty(texts: Iterable[str]) -> Iterable[str]:
+    count = 0
+    for text in texts:
+        if text:
+            count += 1
+            yield text
+    if count == 0:
+        raise ValueError("cannot train a tokenizer on no text: the iterable of texts was empty")
+
+
+def load_tokenizer(name_or_path: str):
+    """``AutoTokenizer.from_pretrained(name_or_path)`` with an error that says what to do when it cannot load."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as e:  # offline, unknown name, missing files: one actionable message
+        if os.path.isdir(name_or_path):
+            hint = f"the folder {name_or_path!r} exists but holds no loadable tokenizer (tokenizer.json etc.)"
+        else:
+            offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+            hint = "HF_HUB_OFFLINE is set" if offline else "not a local folder, and the hub is unreachable or lacks it"
+        raise RuntimeError(
+            f"could not load tokenizer {name_or_path!r} ({hint}; {type(e).__name__}: {e}). Pass a local tokenizer "
+            "folder (e.g. DIR/tokenizer written by `python -m easy_context.data ... --train-tokenizer 8000`), "
+            "or train one with --train-tokenizer VOCAB_SIZE."
+        ) from e

@@ -1,0 +1,77 @@
+"""The causal LM's output layer as a loss: the LM head's forward computes the loss from hidden states.
+
+Putting the loss *inside the head's forward* matters under DeepSpeed ZeRO-3: parameters are gathered
+only around a module's forward, so the head weight exists there and nowhere else. The head keeps the
+original ``weight`` (and ``bias``) Parameters, so state-dict keys, weight tying and ``generate`` are
+unchanged: called with hidden states alone it returns logits as before.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .chunked_ce import DEFAULT_CHUNK_SIZE, IGNORE_INDEX
+from .fused_ce import LCE_IMPLS, linear_cross_entropy
+
+HEAD_LOSS_IMPLS = (*LCE_IMPLS, "flash_attn")
+
+
+def _flash_attn_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn's fused cross-entropy on materialised logits (EasyContext's choice), as (sum, count)."""
+    try:
+        from flash_attn.losses.cross_entropy import CrossEntropyLoss
+    except ImportError as exc:
+        raise ImportError(
+            "loss 'flash_attn' needs the flash-attn package (pip install easy_context[gpu]); "
+            "use --loss chunked (no (seq, vocab) logits, runs anywhere)"
+        ) from exc
+    loss = CrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(logits.flatten(0, -2), targets.flatten())
+    return loss, (targets != IGNORE_INDEX).sum()
+
+
+class LMHeadWithLoss(nn.Module):
+    """``head(hidden)`` -> logits (b, s, V); ``head(hidden, targets)`` -> (loss_sum fp32, n_valid int64)."""
+
+    def __init__(self, head: nn.Linear, impl: str = "chunked", chunk_size: int = DEFAULT_CHUNK_SIZE):
+        super().__init__()
+        if impl not in HEAD_LOSS_IMPLS:
+            raise ValueError(f"unknown loss {impl!r}; choose one of {HEAD_LOSS_IMPLS}")
+        self.weight = head.weight  # the same Parameter objects: keys, tying and optimizer state unchanged
+        self.bias = getattr(head, "bias", None)
+        self.impl, self.chunk_size = impl, chunk_size
+        self.in_features, self.out_features = self.weight.shape[1], self.weight.shape[0]
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, logit_softcapping=None):
+        if targets is None:
+            return F.linear(hidden, self.weight, self.bias)
+        if self.impl == "flash_attn":
+            return _flash_attn_cross_entropy(F.linear(hidden, self.weight, self.bias), targets)
+        return linear_cross_entropy(
+            hidden, self.weight, targets, self.bias, impl=self.impl, chunk_size=self.chunk_size,
+            logit_softcapping=logit_softcapping,
+        )  # fmt: skip
+
+
+class CausalLMWithLoss(nn.Module):
+    """``forward(input_ids, position_ids, targets) -> (loss_sum, n_valid)`` for a transformers causal LM.
+
+    Runs the decoder, then the loss inside the LM head (:class:`LMHeadWithLoss`), never materialising
+    (seq, vocab) logits with the chunked loss. ``model`` keeps working as a normal HF model.
+    Layouts: input_ids/position_ids/targets (batch, seq_local); targets already shifted, -100 ignored.
+    """
+
+    def __init__(self, model: nn.Module, impl: str = "chunked", chunk_size: int = DEFAULT_CHUNK_SIZE):
+        super().__init__()
+        if getattr(model.config, "logit_scale", None) not in (None, 1.0):
+            raise NotImplementedError("models that scale their logits (config.logit_scale) are not supported")
+        head = model.get_output_embeddings()
+        if not isinstance(head, LMHeadWithLoss):
+            model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
+        self.model = model
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor):
+        out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        return self.model.get_output_embeddings()(out.last_hidden_state, targets, logit_softcapping=self.softcap)

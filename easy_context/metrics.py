@@ -1,0 +1,63 @@
+"""Per-step training metrics: a progress bar, ``metrics.jsonl`` and accelerate's trackers."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from .flops import peak_flops, train_flops_per_token
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak GPU memory allocated on ``device``, or this process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class MetricsLogger:
+    """Writes one JSON object per optimizer step to ``<output_dir>/metrics.jsonl`` (main process only).
+
+    Fields: step, loss, lr, tokens (cumulative, all ranks), tokens_per_s, peak_mem_bytes, and mfu on GPUs
+    (6N + causal attention FLOPs per token, recompute not counted, against the datasheet bf16 peak).
+    """
+
+    def __init__(self, accelerator, output_dir: str, config, seq_length: int, tokens_per_step: int, resume: bool):
+        self.accelerator = accelerator
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.flops_per_token = train_flops_per_token(config, seq_length)
+        device = accelerator.device
+        peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        self.peak_total = None if peak is None else peak * accelerator.num_processes
+        self.tokens_per_step = tokens_per_step
+        self.tokens = 0
+        self.last = time.perf_counter()
+        if accelerator.is_main_process:
+            os.makedirs(output_dir, exist_ok=True)
+            if not resume and self.path.exists():
+                self.path.unlink()
+
+    def log(self, step: int, loss: float, lr: float) -> dict:
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        self.tokens = step * self.tokens_per_step
+        row = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens_per_step / max(elapsed, 1e-9),
+            "peak_mem_bytes": peak_memory_bytes(self.accelerator.device),
+        }
+        if self.peak_total:
+            row["mfu"] = row["tokens_per_s"] * self.flops_per_token / self.peak_total
+        if self.accelerator.is_main_process:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=step)
+        return row

@@ -1,0 +1,207 @@
+"""Extend a causal LM's context with sequence parallelism (full fine-tuning, full attention).
+
+    accelerate launch --config_file accelerate_configs/single_node.yaml train.py \
+        --model meta-llama/Llama-2-7b-hf --dataset data/slimpajama-64k --seq-length 65536 \
+        --parallel_mode zigzag_ring_attn --rope-theta 1000000 --output-dir out/llama2-64k
+
+On CPU (tests, demo):
+    ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate_configs/cpu_2proc.yaml train.py ...
+Everything but the loop lives in the easy_context package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import math
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils.deepspeed import DummyOptim, DummyScheduler
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+from transformers import get_scheduler
+
+import easy_context as ec
+from easy_context.data import load_tokenizer, load_train_dataset
+from easy_context.kernels import KERNEL_NAMES
+from easy_context.loss import HEAD_LOSS_IMPLS, CausalLMWithLoss, global_mean_for_logging, global_mean_loss
+from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
+from easy_context.metrics import MetricsLogger
+from easy_context.models import PRESETS, load_model
+from easy_context.train_state import EpochShuffleSampler, load_training_state, save_hf_checkpoint, save_training_state
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help=f"hub id, local path, or a preset: {', '.join(PRESETS)}")
+    p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
+    p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--seq-length", type=int, default=16384)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--gradient-accumulate-every", type=int, default=8)
+    p.add_argument("--max-train-steps", type=int, default=400)
+    p.add_argument("--learning-rate", type=float, default=2e-5)
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--rope-theta", type=float, default=None)
+    p.add_argument("--parallel_mode", "--parallel-mode", default="zigzag_ring_attn", help=", ".join(ec.SEQ_ALGOS))
+    p.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
+    p.add_argument("--sp-size", type=int, default=None, help="ranks per sequence (DP x SP); default all")
+    p.add_argument("--kernel", default="auto", choices=KERNEL_NAMES)
+    p.add_argument("--checkpointing", default="full", choices=["none", "full", "offload"])
+    p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
+    p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--save-every", type=int, default=0, help="save a resumable state every N steps (0: only at end)")
+    p.add_argument("--resume-from", default=None, help="a state dir written by --save-every")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"])
+    p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
+    args = p.parse_args(argv)
+    if args.wandb:
+        args.tracker = "wandb"
+    if args.model in PRESETS and not args.tokenizer:
+        p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
+    if args.parallel_mode not in ec.SEQ_ALGOS:
+        p.error(f"unknown --parallel_mode {args.parallel_mode!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
+    return args
+
+
+def check_layout(args, sp_size: int, config) -> None:
+    """Fail fast, with one line, on a layout the backend cannot run."""
+    opts = {"ring_degree": args.ring_degree} if args.parallel_mode == "usp_attn" else {}
+    multiple = ec.seq_multiple(args.parallel_mode, sp_size, **opts)
+    if args.seq_length % multiple:
+        sys.exit(f"error: --seq-length {args.seq_length} must be a multiple of {multiple} for {args.parallel_mode} "
+                 f"on {sp_size} ranks")  # fmt: skip
+    if args.parallel_mode in ("ulysses_attn", "usp_attn"):
+        degree = sp_size // (args.ring_degree or ec.usp_attn.default_ring_degree(sp_size)) if opts else sp_size
+        heads = config.num_attention_heads
+        if heads % degree:
+            sys.exit(f"error: {heads} attention heads are not divisible by the Ulysses degree {degree}; use "
+                     f"--parallel_mode usp_attn with a larger --ring_degree, or zigzag_ring_attn")  # fmt: skip
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"  # gloo on CPU: else every rank thinks it is rank 0
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulate_every,
+        log_with=None if args.tracker == "none" else args.tracker,
+        project_dir=args.output_dir,
+        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=30))]
+        if launched
+        else [],
+    )
+    set_seed(args.seed)
+    if not torch.distributed.is_initialized():  # one process: a process group of one, so SP code runs unchanged
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    sp_group, _ = ec.init_sp_groups(args.sp_size)
+    sp_rank, sp_size = torch.distributed.get_rank(sp_group), torch.distributed.get_world_size(sp_group)
+    opts = {"ring_degree": args.ring_degree} if args.parallel_mode == "usp_attn" else {}
+
+    # model, tokenizer, data
+    try:
+        tokenizer = load_tokenizer(args.tokenizer or args.model)
+    except (OSError, RuntimeError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    model = load_model(args.model, vocab_size=len(tokenizer), rope_theta=args.rope_theta, seed=args.seed,
+                       max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
+    check_layout(args, sp_size, model.config)
+    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=args.kernel, **opts)
+    if args.checkpointing != "none":  # per decoder layer; "offload" keeps each layer's input in host memory
+        enable_offloaded_checkpointing(model, offload=args.checkpointing == "offload")
+    if args.tiled_mlp:
+        enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
+    train_model = CausalLMWithLoss(model, impl=args.loss)
+    try:
+        dataset = load_train_dataset(args.dataset, tokenizer, args.seq_length, seed=args.seed,
+                                     show_progress=accelerator.is_local_main_process)  # fmt: skip
+    except (OSError, RuntimeError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    sampler = EpochShuffleSampler(len(dataset), args.seed)
+    loader = ec.prepare_dataloader(args.parallel_mode, DataLoader(dataset, args.batch_size, sampler=sampler),
+                                   accelerator, sp_size=args.sp_size)  # fmt: skip
+
+    # optimizer and schedule (the DeepSpeed json says "auto": accelerate fills in these values)
+    ds = accelerator.state.deepspeed_plugin
+    if ds is not None:
+        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = args.batch_size
+        ds.deepspeed_config["gradient_clipping"] = args.grad_clip
+    params = [p for p in train_model.parameters() if p.requires_grad]
+    if ds is not None and "optimizer" in ds.deepspeed_config:
+        optimizer = DummyOptim(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        scheduler = DummyScheduler(optimizer, total_num_steps=args.max_train_steps, warmup_num_steps=args.warmup_steps)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        scheduler = get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
+    train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
+    if args.tracker != "none":
+        accelerator.init_trackers(args.wandb or "easy_context", config=vars(args))
+
+    start_step, consumed = 0, 0
+    if args.resume_from:
+        state = load_training_state(accelerator, args.resume_from)
+        start_step, consumed = state["step"], state["micro_batches"]
+    tokens_per_step = args.batch_size * args.seq_length * args.gradient_accumulate_every * (
+        accelerator.num_processes // sp_size if ec.get_seq_algo(args.parallel_mode).distributed
+        else accelerator.num_processes)  # fmt: skip
+    metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, tokens_per_step,
+                            resume=bool(args.resume_from))  # fmt: skip
+
+    def micro_batches():
+        """Endless, deterministic stream of batches; skips what a resumed run already consumed."""
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            yield from loader
+
+    stream = itertools.islice(micro_batches(), consumed, None)
+    bar = tqdm(range(start_step, args.max_train_steps), disable=not accelerator.is_local_main_process,
+               initial=start_step, total=args.max_train_steps)  # fmt: skip
+    for step in bar:
+        batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
+        consumed += len(batches)
+        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, b[:, :-1], None, b[:, 1:], sp_rank, sp_size,
+                                                 accelerator.device, **opts) for b in batches]  # fmt: skip
+        # exact token-mean over every micro-batch, rank and DP replica of this optimizer step
+        n_local = sum(int((s["local_target_ids"] != -100).sum()) for s in shards)
+        sums = []
+        for shard in shards:
+            with accelerator.accumulate(train_model):
+                loss_sum, n = train_model(shard["local_input_ids"], shard["local_position_ids"],
+                                          shard["local_target_ids"])  # fmt: skip
+                # accelerate/DeepSpeed average grads over ranks and divide by the accumulation steps: undo both
+                loss = global_mean_loss(loss_sum * len(shards), n_local, grad_average_world=accelerator.num_processes)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and args.grad_clip and ds is None:
+                    accelerator.clip_grad_norm_(train_model.parameters(), args.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            sums.append(loss_sum.detach())
+        logged = global_mean_for_logging(torch.stack(sums).sum(), n_local).item()
+        if (step + 1) % args.log_every == 0 or step + 1 == args.max_train_steps:
+            row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0])
+            bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
+                            mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
+        if args.save_every and (step + 1) % args.save_every == 0:
+            save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed)
+    save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
+    accelerator.end_training()
+    if accelerator.is_main_process:
+        print(f"saved {args.output_dir} (final loss {logged:.4f}, {math.exp(min(logged, 50)):.1f} ppl)")
+
+
+if __name__ == "__main__":
+    main()
