@@ -16,10 +16,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 demo: $(VENV)/.installed
 	$(PY) bench/cpu_sp_demo.py
+	PY=$(PY) bash train_scripts/demo_cpu.sh
 
 test: $(VENV)/.installed
-	$(PY) -m ruff check easy_context tests bench
-	$(PY) -m pytest tests
+	$(PY) -m ruff check easy_context tests bench train.py PaulGrahamEssays
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(PY) -m pytest tests
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check easy_context tests bench
