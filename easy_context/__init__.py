@@ -28,6 +28,17 @@ def apply_seq_parallel_monkey_patch(seq_algo, model, **options):
     return patch(seq_algo, model, **options)
 
 
+def apply_unsloth_offloaded_gradient_checkpoint_monkey_patch():
+    """EasyContext compat: make ``model.gradient_checkpointing_enable()`` keep layer inputs in host memory.
+
+    See :mod:`easy_context.memory.offload_checkpoint` (``enable_offloaded_checkpointing(model)`` is the
+    explicit alternative).
+    """
+    from .memory import apply_unsloth_offloaded_gradient_checkpoint_monkey_patch as patch
+
+    return patch()
+
+
 __version__ = "0.1.0"
 
 
@@ -40,6 +51,7 @@ def __getattr__(name: str):
 __all__ = [
     "KERNEL_NAMES",
     "apply_seq_parallel_monkey_patch",
+    "apply_unsloth_offloaded_gradient_checkpoint_monkey_patch",
     "pad_seq_parallel_inputs",
     "prepare_dataloader",
     "prepare_seq_parallel_inputs",
