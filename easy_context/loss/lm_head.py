@@ -71,6 +71,8 @@ class CausalLMWithLoss(nn.Module):
             model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
         self.model = model
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        # FSDP's transformer auto-wrap policy looks for the decoder layer classes on the root module
+        self._no_split_modules = getattr(model, "_no_split_modules", None)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor):
         out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)
