@@ -146,3 +146,20 @@ def test_prepare_inputs_and_padding():
     assert local["local_position_ids"][0].tolist() == list(range(375, 750)) + list(range(2250, 2625))
     with pytest.raises(ValueError, match="unknown sequence-parallel mode"):
         ec.apply_seq_parallel_monkey_patch("ring", "llama")
+
+
+def test_softcap_and_output_attentions_raise():
+    from types import SimpleNamespace
+
+    from easy_context.hf import check_supported
+
+    q = torch.zeros(1, 2, 8, 4)
+    gemma_like = SimpleNamespace(config=SimpleNamespace(attn_logit_softcapping=50.0))
+    with pytest.raises(NotImplementedError, match="soft-capping"):
+        check_supported(gemma_like, "data_parallel", q, None, 0.0, {})
+    plain = SimpleNamespace(config=SimpleNamespace())
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        check_supported(plain, "data_parallel", q, None, 0.0, {"output_attentions": True})
+    with pytest.raises(NotImplementedError, match="attention mask"):
+        check_supported(plain, "data_parallel", q, torch.ones(1, 1, 8, 8), 0.0, {})
+    check_supported(plain, "data_parallel", q, None, 0.0, {"sliding_window": 8})  # window >= sequence: fine
