@@ -9,7 +9,8 @@ distributed one here (``batch_isend_irecv``, each round overlapping a step's com
 Forward: a helper attends borrowed queries to its own K/V and returns the partial (out, lse), merged by
 the owner in fp32 (``ForwardAccumulator``). Backward: a helper receives the borrowed queries' q, dout,
 out and lse, adds the dK/dV of its own K/V locally and returns the fp32 partial dq; a rank that borrowed
-K/V returns the fp32 partial dK/dV. Only K/V heads travel (GQA).
+K/V returns the fp32 partial dK/dV. Only K/V heads travel (GQA). A half task (even W, distance W/2)
+moves and merges only its query rows (``task_rows``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..distributed_attn import distributed_attention
 from ..kernels import AttnKernel
-from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_blocks
+from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_blocks, task_rows
 
 NAME = "dist_flash_attn"
 Tensors = tuple[torch.Tensor, ...]
@@ -30,8 +31,17 @@ def _empty(shape, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device=like.device)
 
 
-def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
-    return (q.shape[0], q.shape[2], q.shape[1])
+def _lse_shape(q: torch.Tensor, n: int) -> tuple[int, int, int]:
+    return (q.shape[0], q.shape[2], n)
+
+
+def _rows_shape(x: torch.Tensor, n: int) -> tuple[int, ...]:
+    """``x`` (b, s, ...) with ``n`` rows."""
+    return (x.shape[0], n, *x.shape[2:])
+
+
+def _count(rows: slice) -> int:
+    return rows.stop - rows.start
 
 
 class ForwardRank:
@@ -46,29 +56,30 @@ class ForwardRank:
 
     def payload(self, msg: Message) -> Tensors:
         if msg.what == "q":
-            return (self.q,)
+            return (self.q[:, task_rows(msg.task, self.q.shape[1])],)
         if msg.what == "kv":
             return (self.k, self.v)
-        return self.partials.pop(msg.task)  # "out": (out in q's dtype, lse fp32)
+        return self.partials.pop(msg.task)  # "out": (out in q's dtype, lse fp32) of the task's rows
 
     def buffers(self, msg: Message) -> Tensors:
         q, k = self.q, self.k
+        n = _count(task_rows(msg.task, q.shape[1]))
         if msg.what == "q":
-            return (_empty(q.shape, q.dtype, q),)
+            return (_empty(_rows_shape(q, n), q.dtype, q),)
         if msg.what == "kv":
             return (_empty(k.shape, k.dtype, k), _empty(k.shape, self.v.dtype, k))
-        return (_empty(q.shape, q.dtype, q), _empty(_lse_shape(q), torch.float32, q))
+        return (_empty(_rows_shape(q, n), q.dtype, q), _empty(_lse_shape(q, n), torch.float32, q))
 
     def receive(self, msg: Message, tensors: Tensors) -> None:
         if msg.what == "out":
-            self.acc.add(slice(0, self.q.shape[1]), *tensors)
+            self.acc.add(task_rows(msg.task, self.q.shape[1]), *tensors)
         else:
             self.inbox[(msg.task, msg.what)] = tensors
 
     def run(self, task: Task) -> None:
         (q,) = self.inbox.pop((task, "q")) if task.borrows_q else (self.q,)
         k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
-        blocks = task_blocks(task, q.shape[1], self.causal)
+        blocks = task_blocks(task, self.k.shape[1], self.causal)
         if task.borrows_q:  # helper: a partial result for the query owner
             part = ForwardAccumulator(q)
             forward_blocks(self.kernel, q, k, v, blocks, self.scale, part)
@@ -94,29 +105,31 @@ class BackwardRank:
 
     def payload(self, msg: Message) -> Tensors:
         if msg.what == "q":
-            return (self.q, self.dout, self.out, self.lse)
+            rows = task_rows(msg.task, self.q.shape[1])
+            return (self.q[:, rows], self.dout[:, rows], self.out[:, rows], self.lse[:, :, rows])
         if msg.what == "kv":
             return (self.k, self.v)
         return self.partials.pop((msg.task, msg.what))  # "dq" (fp32 q-shaped) / "dkv" (fp32 (2, *k.shape))
 
     def buffers(self, msg: Message) -> Tensors:
         q, k = self.q, self.k
+        shape = _rows_shape(q, _count(task_rows(msg.task, q.shape[1])))
         if msg.what == "q":
             return (
-                _empty(q.shape, q.dtype, q),
-                _empty(q.shape, self.dout.dtype, q),
-                _empty(q.shape, self.out.dtype, q),
-                _empty(_lse_shape(q), torch.float32, q),
+                _empty(shape, q.dtype, q),
+                _empty(shape, self.dout.dtype, q),
+                _empty(shape, self.out.dtype, q),
+                _empty(_lse_shape(q, shape[1]), torch.float32, q),
             )
         if msg.what == "kv":
             return (_empty(k.shape, k.dtype, k), _empty(k.shape, self.v.dtype, k))
         if msg.what == "dq":
-            return (_empty(q.shape, torch.float32, q),)
+            return (_empty(shape, torch.float32, q),)
         return (_empty((2, *k.shape), torch.float32, k),)
 
     def receive(self, msg: Message, tensors: Tensors) -> None:
         if msg.what == "dq":
-            self.dq += tensors[0]
+            self.dq[:, task_rows(msg.task, self.q.shape[1])] += tensors[0]
         elif msg.what == "dkv":
             self.dkv += tensors[0]
         else:
@@ -127,7 +140,7 @@ class BackwardRank:
         q, dout, out, lse = self.inbox.pop((task, "q")) if task.borrows_q else own_q
         k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if task.borrows_q else self.dq
-        blocks = task_blocks(task, q.shape[1], self.causal)
+        blocks = task_blocks(task, self.k.shape[1], self.causal)
         kv_grads = backward_blocks(self.kernel, dout, q, k, v, out, lse, blocks, self.scale, dq)
         dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) if task.borrows_kv else self.dkv
         add_kv_grads_(dkv, kv_grads)

@@ -9,12 +9,14 @@ round-robin by ring distance t = (b - a) or (a - b) mod W:
 * step t = 1 .. ceil(W/2) - 1: rank r computes the block of the pair {r, p}, p = (r + t) mod W.
   If p > r rank r is the *helper*: it borrows the queries of p and attends them to its own K/V, then
   sends the partial (out, lse) back to p. If p < r (wrapped) rank r borrows the K/V of p for its own queries;
-* step W/2 (even W only): the W/2 pairs at distance W/2 go to their upper rank, which borrows the K/V.
+* step W/2 (even W only): both ends of a pair {l, u = l + W/2} meet at distance W/2, so they split its
+  block by query rows (:func:`task_rows`): the upper rank u attends the first half of its queries to the
+  borrowed K/V of l, the lower rank l attends the second half of u's queries (borrowed) to its own K/V.
 
 So low ranks (little causal work of their own) spend most steps helping high ranks: 1 + floor(W/2) steps,
-every rank does (W - 1)/2 full blocks (odd W) or W/2 - 1 or W/2 (even W), within half a block of the mean
-W/2. Without masking (``causal=False``) the plain W-step schedule is used: rank r attends its queries to
-the K/V of rank (r - t) mod W at step t.
+and every rank does exactly the mean W/2 blocks: (W - 1)/2 full blocks plus its diagonal (odd W), or
+W/2 - 1 full blocks plus its diagonal and one half block (even W). Without masking (``causal=False``)
+the plain W-step schedule is used: rank r attends its queries to the K/V of rank (r - t) mod W at step t.
 
 Everything here is pure (no tensors, no processes): the executors (``attention.py``, ``simulate.py``)
 and the tests read the same :class:`Task` lists.
@@ -30,11 +32,16 @@ from ..blockwise import Block
 
 @dataclass(frozen=True)
 class Task:
-    """Rank ``runner`` computes the block of chunk ``q_owner``'s queries against chunk ``kv_owner``'s K/V."""
+    """Rank ``runner`` computes the block of chunk ``q_owner``'s queries against chunk ``kv_owner``'s K/V.
+
+    ``half`` is None for all of ``q_owner``'s query rows, else 0 / 1 for the first / second half of them
+    (:func:`task_rows`); half blocks only occur at distance W/2 of an even world.
+    """
 
     runner: int
     q_owner: int
     kv_owner: int
+    half: int | None = None
 
     @property
     def diagonal(self) -> bool:
@@ -75,9 +82,11 @@ def _causal(world: int) -> Schedule:
         step = []
         for r in range(world):
             p = (r + t) % world
-            if 2 * t == world:  # both ends of a pair see it at distance W/2: the upper rank takes it
+            if 2 * t == world:  # both ends of a pair meet at distance W/2: split the block by query rows
                 if r >= t:
-                    step.append(Task(r, r, p))
+                    step.append(Task(r, r, p, half=0))  # upper: first half of my queries, borrowed K/V
+                else:
+                    step.append(Task(r, p, r, half=1))  # lower: borrowed second half of p's queries, my K/V
             elif p > r:
                 step.append(Task(r, p, r))  # helper: borrowed queries against my K/V
             else:
@@ -143,15 +152,37 @@ def comm_rounds(world: int, causal: bool, backward: bool) -> tuple[tuple[Message
     return tuple(tuple(r) for r in rounds)
 
 
+def task_rows(task: Task, seq_local: int) -> slice:
+    """The rows of ``q_owner``'s chunk (``seq_local`` rows) that ``task`` covers; halves split floor/ceil.
+
+    The first half is the (possibly empty, for one row) ``seq_local // 2`` rows the upper rank computes
+    with borrowed K/V; the borrowed second half is never empty, so every message carries rows.
+    """
+    if task.half is None:
+        return slice(0, seq_local)
+    mid = seq_local // 2
+    return slice(0, mid) if task.half == 0 else slice(mid, seq_local)
+
+
 def task_blocks(task: Task, seq_local: int, causal: bool) -> list[Block]:
-    """The blockwise blocks of ``task`` over whole chunks of ``seq_local`` rows."""
-    rows = slice(0, seq_local)
-    return [Block(rows, rows, causal and task.diagonal)]
+    """The blockwise blocks of ``task`` for chunks of ``seq_local`` rows, in the runner's coordinates.
+
+    Key rows are the whole K/V chunk. Query rows index the runner's query tensor: its own chunk, or the
+    borrowed rows only (:func:`task_rows`) when it borrows queries. Empty when the task covers no rows.
+    """
+    rows = task_rows(task, seq_local)
+    n = rows.stop - rows.start
+    if n == 0:
+        return []
+    q_rows = slice(0, n) if task.borrows_q else rows
+    return [Block(q_rows, slice(0, seq_local), causal and task.diagonal)]
 
 
 def block_cost(task: Task, causal: bool) -> float:
-    """Work of one task in full blocks: a causal diagonal block is half a block."""
-    return 0.5 if causal and task.diagonal else 1.0
+    """Work of one task in full blocks: a causal diagonal block or a half block is half a block."""
+    if task.half is not None or (causal and task.diagonal):
+        return 0.5
+    return 1.0
 
 
 def rank_work(world: int, causal: bool) -> list[float]:
@@ -163,10 +194,13 @@ def rank_work(world: int, causal: bool) -> list[float]:
     return work
 
 
-def rank_kernel_calls(world: int, causal: bool) -> list[int]:
-    """Local kernel calls per rank in one forward (the backward makes the same number of backward calls)."""
+def rank_kernel_calls(world: int, causal: bool, seq_local: int = 2) -> list[int]:
+    """Local kernel calls per rank in one forward (the backward makes the same number of backward calls).
+
+    Depends on ``seq_local`` only for one-row chunks, whose empty first halves make no call.
+    """
     calls = [0] * world
     for step in build_schedule(world, causal):
         for task in step:
-            calls[task.runner] += 1
+            calls[task.runner] += len(task_blocks(task, seq_local, causal))
     return calls
