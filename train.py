@@ -21,7 +21,6 @@ import sys
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, set_seed
-from accelerate.utils.deepspeed import DummyOptim, DummyScheduler
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 from transformers import get_scheduler
@@ -33,6 +32,7 @@ from easy_context.loss import HEAD_LOSS_IMPLS, CausalLMWithLoss, global_mean_for
 from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, load_model
+from easy_context.optim import build_optimizer
 from easy_context.train_state import EpochShuffleSampler, load_training_state, save_hf_checkpoint, save_training_state
 
 
@@ -133,19 +133,20 @@ def main(argv=None) -> None:
     loader = ec.prepare_dataloader(args.parallel_mode, DataLoader(dataset, args.batch_size, sampler=sampler),
                                    accelerator, sp_size=args.sp_size)  # fmt: skip
 
-    # optimizer and schedule (the DeepSpeed json says "auto": accelerate fills in these values)
+    # optimizer and schedule: built here from the flags, also under DeepSpeed (its json has no optimizer or
+    # scheduler section, so nothing there can override --learning-rate or the schedule)
     ds = accelerator.state.deepspeed_plugin
     if ds is not None:
         ds.deepspeed_config["train_micro_batch_size_per_gpu"] = args.batch_size
         ds.deepspeed_config["gradient_clipping"] = args.grad_clip
     params = [p for p in train_model.parameters() if p.requires_grad]
-    if ds is not None and "optimizer" in ds.deepspeed_config:
-        optimizer = DummyOptim(params, lr=args.learning_rate, weight_decay=args.weight_decay)
-        scheduler = DummyScheduler(optimizer, total_num_steps=args.max_train_steps, warmup_num_steps=args.warmup_steps)
-    else:
-        optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
-        scheduler = get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
+    optimizer = build_optimizer(params, accelerator, lr=args.learning_rate, weight_decay=args.weight_decay)
+    scheduler = get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
     train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
+    if accelerator.is_main_process:  # what actually runs (accelerate silently drops DeepSpeed in some setups)
+        os.makedirs(args.output_dir, exist_ok=True)
+        engine = f"{accelerator.distributed_type} x{accelerator.num_processes}, {type(optimizer.optimizer).__name__}"
+        open(os.path.join(args.output_dir, "engine.txt"), "w").write(engine + "\n")
     if args.tracker != "none":
         accelerator.init_trackers(args.wandb or "easy_context", config=vars(args))
 

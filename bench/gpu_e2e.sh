@@ -10,7 +10,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-python3 bench/loss_kernels.py --json "$OUT/loss_kernels.json" 2>&1 | tail -5
+python3 bench/loss_kernels.py --json "$OUT/loss_kernels.json" 2>&1 | grep -E "lce/|not installed|Error"
 python3 - <<'PY'
 import random, os
 random.seed(0)
@@ -30,6 +30,6 @@ run() {  # run <name> <accelerate args...>
   echo "rc=$? $(( $(date +%s) - t0 ))s"; grep -E "^error|Error" "$OUT/$name.log" | tail -3
   [ -f "$OUT/$name/metrics.jsonl" ] && python3 -c "import json,sys; r=[json.loads(l) for l in open('$OUT/$name/metrics.jsonl')]; print([round(x['loss'],4) for x in r])"
 }
-run ddp --multi_gpu --num_processes "$N" --mixed_precision no
-run fsdp2 --config_file accelerate_configs/fsdp2_offload.yaml --num_processes "$N" --mixed_precision no
+[ -n "${ONLY_ZERO3:-}" ] || run ddp --multi_gpu --num_processes "$N" --mixed_precision no
+[ -n "${ONLY_ZERO3:-}" ] || run fsdp2 --config_file accelerate_configs/fsdp2_offload.yaml --num_processes "$N" --mixed_precision no
 run zero3 --config_file accelerate_configs/single_node.yaml --num_processes "$N"

@@ -71,11 +71,16 @@ def cce_linear_cross_entropy(
     chunk_size: int | None = None,
     logit_softcapping: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut Cross-Entropy (CUDA). ``chunk_size`` is ignored. Targets are used as given (no shift). Untested here."""
+    """Cut Cross-Entropy (CUDA). ``chunk_size`` is ignored. Targets are used as given (no shift).
+
+    Gradient filtering is off (``filter_eps=None``) so the result is exact, not CCE's approximation.
+    """
     del chunk_size
+    if bias is not None:
+        raise NotImplementedError("loss 'cce' (cut-cross-entropy) has no LM-head bias; use --loss chunked")
     fn = _import("cut_cross_entropy", "linear_cross_entropy", "cut-cross-entropy", "cce")
     h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    loss_sum = fn(h, weight, t, bias=bias, ignore_index=ignore_index, softcap=logit_softcapping, reduction="sum")
+    loss_sum = fn(h, weight, t, ignore_index=ignore_index, softcap=logit_softcapping, reduction="sum", filter_eps=None)
     return loss_sum.float(), _count(t, ignore_index)
 
 

@@ -41,7 +41,8 @@ class LMHeadWithLoss(nn.Module):
         self.weight = head.weight  # the same Parameter objects: keys, tying and optimizer state unchanged
         self.bias = getattr(head, "bias", None)
         self.impl, self.chunk_size = impl, chunk_size
-        self.in_features, self.out_features = self.weight.shape[1], self.weight.shape[0]
+        shape = getattr(self.weight, "ds_shape", self.weight.shape)  # ZeRO-3 partitions params to shape (0,)
+        self.out_features, self.in_features = int(shape[0]), int(shape[1])
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, logit_softcapping=None):
         if targets is None:
@@ -71,8 +72,9 @@ class CausalLMWithLoss(nn.Module):
             model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
         self.model = model
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        # FSDP's transformer auto-wrap policy looks for the decoder layer classes on the root module
+        # FSDP's auto-wrap policy and DeepSpeed's "auto" bucket sizes look at the root module
         self._no_split_modules = getattr(model, "_no_split_modules", None)
+        self.config = model.config
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor):
         out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)

@@ -1,0 +1,97 @@
+"""No-grad forwards of one sequence under any backend, returning only what the eval needs.
+
+The sequence is padded to the backend's multiple (``ec.pad_seq_parallel_inputs``: pad tokens come last and
+real tokens never attend to them), sharded, and run through the decoder with global ``position_ids``. Then:
+
+* :func:`logits_at` — logits of a few global positions. Each rank projects only the hidden states of the
+  requested positions it holds; one all-reduce (sum over disjoint rows, so exact) hands every rank the
+  ``(n, vocab)`` rows. The full ``(seq, vocab)`` logits never exist.
+* :func:`loss_sum` — this rank's summed cross-entropy and valid-target count through
+  :class:`~easy_context.loss.CausalLMWithLoss` (chunked: no logits either).
+* :func:`greedy_generate` — greedy decoding by re-running the sequence (no KV cache under SP).
+
+Every rank of the SP group calls these with the same full sequence (lockstep).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import easy_context as ec
+
+from .runtime import EvalRuntime
+
+
+def _shard(
+    runtime: EvalRuntime, ids: torch.Tensor, targets: torch.Tensor, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(local input ids, local position ids, local targets) of (1, seq) ``ids``/``targets`` on this rank."""
+    world = runtime.world_size if runtime.distributed else 1
+    ids, pos, targets = ec.pad_seq_parallel_inputs(
+        runtime.seq_algo, ids, None, targets, world, pad_id, **runtime.options
+    )
+    if not runtime.distributed:
+        return ids.to(runtime.device), pos.to(runtime.device), targets.to(runtime.device)
+    local = ec.prepare_seq_parallel_inputs(
+        runtime.seq_algo, ids, pos, targets, runtime.rank, runtime.world_size, runtime.device, **runtime.options
+    )
+    return local["local_input_ids"], local["local_position_ids"], local["local_target_ids"]
+
+
+def _head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """LM-head logits (fp32) of ``hidden`` (n, H), with the model's final soft-capping if it has one."""
+    logits = model.get_output_embeddings()(hidden).float()  # a module call: ZeRO-3 gathers the weight here
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(model.config, "logit_scale", None)
+    if scale not in (None, 1.0):
+        logits = logits * scale
+    return logits
+
+
+@torch.no_grad()
+def logits_at(model, runtime: EvalRuntime, ids: list[int], positions: list[int], pad_id: int) -> torch.Tensor:
+    """fp32 ``(len(positions), vocab)`` logits at ``positions`` of the sequence ``ids`` (same on every rank)."""
+    full = torch.tensor([ids], dtype=torch.long)
+    local_ids, local_pos, _ = _shard(runtime, full, full, pad_id)
+    hidden = model.get_decoder()(input_ids=local_ids, position_ids=local_pos, use_cache=False).last_hidden_state
+    want = torch.tensor(positions, dtype=torch.long, device=local_pos.device)
+    rows, slots = (local_pos[0].unsqueeze(1) == want.unsqueeze(0)).nonzero(as_tuple=True)
+    picked = _head_logits(model, hidden[0, rows])  # every rank calls the head, even with 0 rows (ZeRO-3)
+    out = torch.zeros(len(positions), picked.shape[-1], dtype=torch.float32, device=picked.device)
+    out[slots] = picked
+    if runtime.distributed and runtime.world_size > 1:
+        dist.all_reduce(out, group=ec.get_sp_group())
+    return out
+
+
+@torch.no_grad()
+def loss_sum(model_with_loss, runtime: EvalRuntime, ids: list[int], targets: list[int], pad_id: int):
+    """This rank's (summed cross-entropy fp32, number of valid targets) over its shard; targets -100 are ignored.
+
+    ``model_with_loss`` is a :class:`~easy_context.loss.CausalLMWithLoss`; ``targets[i]`` is the token after
+    ``ids[i]``. Reduce over ranks with :func:`easy_context.loss.global_mean_for_logging`.
+    """
+    full_ids = torch.tensor([ids], dtype=torch.long)
+    full_targets = torch.tensor([targets], dtype=torch.long)
+    local_ids, local_pos, local_targets = _shard(runtime, full_ids, full_targets, pad_id)
+    total, count = model_with_loss(local_ids, local_pos, local_targets)
+    return total.float(), count
+
+
+@torch.no_grad()
+def greedy_generate(
+    model, runtime: EvalRuntime, ids: list[int], max_new_tokens: int, pad_id: int, eos_id: int | None = None
+) -> list[int]:
+    """Greedy continuation of ``ids`` (at most ``max_new_tokens``, stops after EOS); same on every rank."""
+    seq = list(ids)
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(logits_at(model, runtime, seq, [len(seq) - 1], pad_id)[0].argmax())
+        new.append(token)
+        if eos_id is not None and token == eos_id:
+            break
+        seq.append(token)
+    return new

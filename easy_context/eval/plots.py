@@ -1,0 +1,82 @@
+"""Figures: the needle heatmap (token limit x depth, red -> yellow -> green) and perplexity vs context length."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+
+from .results import cell_scores  # noqa: E402
+
+SCORE_CMAP = LinearSegmentedColormap.from_list("needle_score", ["#F0496E", "#EBB839", "#0CD79F"])
+_ANNOTATE_MAX_CELLS = 400
+
+
+def _save(fig, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def needle_heatmap(rows: Sequence[Mapping], path: str, title: str | None = None, key: str = "correct") -> str:
+    """Save the mean of ``key`` per cell as a heatmap (x: token limit, y: depth percent, 0 at the top); returns path."""
+    scores = cell_scores(list(rows), key)
+    if not scores:
+        raise ValueError("no needle results to plot")
+    depths = sorted({d for d, _ in scores})
+    lengths = sorted({n for _, n in scores})
+    grid = np.full((len(depths), len(lengths)), np.nan)
+    for (depth, length), value in scores.items():
+        grid[depths.index(depth), lengths.index(length)] = value
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(lengths) + 3), max(4.0, 0.45 * len(depths) + 2)))
+    image = ax.imshow(grid, cmap=SCORE_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="Score")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45, ha="right")
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_xlabel("Token Limit")
+    ax.set_ylabel("Depth Percent")
+    if grid.size <= _ANNOTATE_MAX_CELLS:
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2g}", ha="center", va="center", fontsize=8, color="black")
+    mean = float(np.nanmean(grid))
+    ax.set_title(f"{title + ': ' if title else ''}needle retrieval (mean {mean:.2f})")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def ppl_plot(
+    series: Mapping[str, Sequence[tuple[int, float]]], path: str, title: str | None = None, log_y: bool = False
+) -> str:
+    """Save perplexity vs context length, one line per label of ``series`` ({label: [(tokens, ppl), ...]})."""
+    if not series:
+        raise ValueError("no perplexity results to plot")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    ticks: set[int] = set()
+    for label, points in series.items():
+        points = sorted(points)
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        ticks.update(xs)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)], rotation=45, ha="right")
+    ax.minorticks_off()
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("Context length (tokens)")
+    ax.set_ylabel("Perplexity")
+    ax.set_title(title or "Perplexity vs context length")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)

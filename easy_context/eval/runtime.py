@@ -1,0 +1,211 @@
+"""Where an eval runs: the process group (one process or launched), the SP backend, the model and its limits.
+
+One process: a 1-process gloo group (``HashStore``) so the SP code runs unchanged. Launched with
+``accelerate launch`` / ``torchrun``: every process joins the world; with a distributed backend the world is
+one SP group (all ranks share each sequence); with ``data_parallel`` each rank takes a share of the work.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import easy_context as ec
+
+DEFAULT_SP_MODE = "zigzag_ring_attn"
+
+
+def default_parallel_mode(world_size: int) -> str:
+    """zigzag ring attention when several processes share a sequence; the plain model on one process."""
+    return DEFAULT_SP_MODE if world_size > 1 else "data_parallel"
+
+
+@dataclass
+class EvalRuntime:
+    """This process's place in the eval: rank, world, device and the SP backend with its options."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    seq_algo: str
+    options: dict[str, Any] = field(default_factory=dict)
+    accelerator: Any = None
+
+    @property
+    def distributed(self) -> bool:
+        """True when the ranks share each sequence (an SP backend); False for data parallel."""
+        return ec.get_seq_algo(self.seq_algo).distributed
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def my_share(self, n: int) -> list[int]:
+        """Indices of ``n`` work items this rank computes: all of them under SP, every W-th under data parallel."""
+        if self.distributed:
+            return list(range(n))
+        return list(range(self.rank, n, self.world_size))
+
+    def gather_objects(self, items: list) -> list:
+        """Under data parallel, every rank's ``items`` concatenated (rank order); under SP, ``items`` unchanged."""
+        if self.distributed or self.world_size == 1:
+            return items
+        parts: list[list | None] = [None] * self.world_size
+        dist.all_gather_object(parts, items)
+        return [item for part in parts for item in part]
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` on the main process only (to stderr unless ``file`` is given)."""
+        if self.is_main:
+            kwargs.setdefault("file", sys.stderr)
+            print(*args, **kwargs, flush=True)
+
+
+def _make_accelerator():
+    """An Accelerator that owns the process group when launched (gloo on CPU, nccl on CUDA), as train.py does."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"  # gloo on CPU: else every rank thinks it is rank 0
+    handlers = [InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=60))] if launched else []
+    accelerator = Accelerator(kwargs_handlers=handlers)
+    if not dist.is_initialized():  # one process: a process group of one, so SP code runs unchanged
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return accelerator
+
+
+def init_runtime(parallel_mode: str | None, ring_degree: int | None = None) -> EvalRuntime:
+    """Join (or create) the process group and pick the backend (``None``: :func:`default_parallel_mode`)."""
+    accelerator = _make_accelerator()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    seq_algo = parallel_mode or default_parallel_mode(world)
+    if seq_algo not in ec.SEQ_ALGOS:
+        raise ValueError(f"unknown --parallel_mode {seq_algo!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
+    ec.init_sp_groups(None)
+    options = {"ring_degree": ring_degree} if seq_algo == "usp_attn" else {}
+    return EvalRuntime(rank, world, accelerator.device, seq_algo, options, accelerator)
+
+
+def check_layout(runtime: EvalRuntime, config) -> None:
+    """Raise ValueError for a head count the Ulysses part of the backend cannot split over the ranks."""
+    if runtime.seq_algo not in ("ulysses_attn", "usp_attn"):
+        return
+    world = runtime.world_size
+    if runtime.seq_algo == "usp_attn":
+        ring = runtime.options.get("ring_degree") or ec.usp_attn.default_ring_degree(world)
+        degree = world // ring
+    else:
+        degree = world
+    heads = config.num_attention_heads
+    if heads % degree:
+        raise ValueError(
+            f"{heads} attention heads are not divisible by the Ulysses degree {degree} ({runtime.seq_algo} on "
+            f"{world} processes); use --parallel_mode zigzag_ring_attn, or usp_attn with a larger --ring_degree"
+        )
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA, float32 elsewhere; else the named torch dtype."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def load_eval_model(
+    name: str,
+    runtime: EvalRuntime,
+    vocab_size: int,
+    dtype: torch.dtype,
+    kernel: str = "auto",
+    rope_theta: float | None = None,
+    seed: int = 0,
+):
+    """A causal LM ready for no-grad SP evaluation: on the device (or ZeRO-3 sharded), eval mode, backend patched.
+
+    ``name`` is a hub id, a local checkpoint, or a preset of :mod:`easy_context.models` (random weights: an
+    untrained baseline). The LM head is already :class:`~easy_context.loss.LMHeadWithLoss` (logits without
+    targets, the loss with them), so ``CausalLMWithLoss(model)`` wraps it as is. Under an accelerate DeepSpeed
+    config the model is prepared by accelerate (ZeRO-3 parameter sharding for models that do not fit one device).
+    """
+    from ..models import load_model
+
+    model = load_model(name, vocab_size=vocab_size, rope_theta=rope_theta, dtype=dtype, seed=seed)
+    model.config.use_cache = False
+    check_layout(runtime, model.config)
+    ec.apply_seq_parallel_monkey_patch(runtime.seq_algo, model, kernel=kernel, **runtime.options)
+    _install_loss_head(model)
+    model.eval()
+    accelerator = runtime.accelerator
+    plugin = accelerator.state.deepspeed_plugin if accelerator is not None else None
+    if plugin is not None:  # inference only: no optimizer/scheduler, one sequence per step
+        config = plugin.deepspeed_config
+        for key in ("optimizer", "scheduler"):
+            config.pop(key, None)
+        if not isinstance(config.get("train_micro_batch_size_per_gpu"), int):
+            config["train_micro_batch_size_per_gpu"] = 1
+        engine = accelerator.prepare(model)
+        model = getattr(engine, "module", engine)
+    else:
+        model.to(runtime.device)
+    return model
+
+
+def _install_loss_head(model) -> None:
+    """Swap in the loss-computing LM head before DeepSpeed wraps the model (its hooks must see the final modules).
+
+    Under ZeRO-3 the weights are already partitioned at load (shape 0): gather the head's weight meanwhile.
+    """
+    from ..loss import CausalLMWithLoss
+
+    weight = model.get_output_embeddings().weight
+    if hasattr(weight, "ds_id"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([weight]):
+            CausalLMWithLoss(model)
+    else:
+        CausalLMWithLoss(model)
+
+
+def position_warning(config, length: int, model_name: str) -> str | None:
+    """A warning when ``length`` tokens exceed ``config.max_position_embeddings`` (naming the RoPE base in use)."""
+    from ..models import get_rope_theta
+
+    limit = getattr(config, "max_position_embeddings", None)
+    if not limit or length <= limit:
+        return None
+    return (
+        f"warning: {length} tokens exceed max_position_embeddings={limit} of {model_name} (rope_theta in use: "
+        f"{get_rope_theta(config)}); positions beyond it measure extrapolation — train at this length or pass a "
+        "larger --rope_theta if the model was trained with one"
+    )
+
+
+def add_runtime_args(parser) -> None:
+    """The flags both evals share: tokenizer, backend, kernel, RoPE base, dtype, seed."""
+    from ..kernels import KERNEL_NAMES
+
+    parser.add_argument("--tokenizer", default=None, help="defaults to the (first) --model; required for presets")
+    parser.add_argument(
+        "--parallel_mode",
+        "--parallel-mode",
+        default=None,
+        help=f"{', '.join(ec.SEQ_ALGOS)}; default {DEFAULT_SP_MODE} on several processes, data_parallel on one",
+    )
+    parser.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
+    parser.add_argument("--kernel", default="auto", choices=KERNEL_NAMES, help="local attention kernel (SP modes)")
+    parser.add_argument("--rope_theta", "--rope-theta", type=float, default=None, help="override the RoPE base")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bfloat16 on CUDA, float32 on CPU",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="needle numbers; weights of preset (random-init) models")

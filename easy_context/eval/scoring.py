@@ -1,0 +1,61 @@
+"""Scoring a needle prompt: teacher-forced exact match of the answer tokens, optionally greedy generation.
+
+Prompt and answer are tokenized *together* (``prompt + answer``) and the answer tokens are the ones after the
+longest prefix shared with the prompt's own encoding. So a tokenizer that merges the space before the number
+into the number (Llama-3's " 123") or re-tokenizes the boundary scores exactly the tokens it would produce.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .forward import greedy_generate, logits_at
+from .needle import NeedleCase
+from .runtime import EvalRuntime
+from .tokens import common_prefix_length, encode
+
+
+def answer_split(tokenizer, prompt: str, answer: str, bos: bool) -> tuple[list[int], int]:
+    """(ids of ``prompt + answer``, index of the first answer token) — the answer tokens are ``ids[start:]``."""
+    full = encode(tokenizer, prompt + answer, bos)
+    start = common_prefix_length(encode(tokenizer, prompt, bos), full)
+    start = min(max(start, 1), len(full) - 1)  # at least one token of context, at least one answer token
+    return full, start
+
+
+def score_case(
+    model,
+    runtime: EvalRuntime,
+    tokenizer,
+    case: NeedleCase,
+    bos: bool,
+    pad_id: int,
+    generate: bool = False,
+) -> dict:
+    """One results row: teacher-forced exact match (``correct``), the argmax text and, with ``generate``, greedy."""
+    ids, start = answer_split(tokenizer, case.prompt, case.answer, bos)
+    targets = torch.tensor(ids[start:])
+    logits = logits_at(model, runtime, ids[:-1], list(range(start - 1, len(ids) - 1)), pad_id).cpu()
+    predicted = logits.argmax(dim=-1)
+    logprob = torch.log_softmax(logits, dim=-1).gather(1, targets.unsqueeze(1)).sum()
+    row = {
+        "length": case.length,
+        "depth": case.depth,
+        "sample": case.sample,
+        "correct": int(bool((predicted == targets).all())),
+        "predicted": tokenizer.decode(predicted.tolist()),
+        "answer": case.answer,
+        "city": case.city,
+        "answer_logprob": round(float(logprob), 6),
+        "prompt_tokens": start,
+        "answer_tokens": len(ids) - start,
+    }
+    if generate:
+        prompt_ids = encode(tokenizer, case.prompt, bos)
+        new = greedy_generate(model, runtime, prompt_ids, len(ids) - start + 2, pad_id, tokenizer.eos_token_id)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        row["generated"] = text
+        row["generated_correct"] = int(re.match(rf"\s*{re.escape(case.number)}(?!\d)", text) is not None)
+    return row

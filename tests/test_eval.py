@@ -1,0 +1,193 @@
+"""Long-context evals end to end on CPU: needle CSV/PNG, SP == 1 process, needle depth, perplexity, plots, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the model reads a long context and learns where each word comes from in the text while every "
+         "sentence ends").split()  # fmt: skip
+ENV = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def synthetic_text(seed: int, sentences: int) -> str:
+    """Structured sentences of 4-18 words (learnable, with sentence boundaries for the needle)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(sentences):
+        n = rng.randint(4, 18)
+        words = [WORDS[(j * 5 + i) % len(WORDS)] if rng.random() < 0.85 else rng.choice(WORDS) for j in range(n)]
+        out.append(" ".join(words).capitalize() + rng.choice(".!?."))
+    return " ".join(out) + "\n"
+
+
+def run(script: str, *args: str, procs: int = 1, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, script, *args]
+    if procs > 1:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu_2proc.yaml",
+               "--num_processes", str(procs), script, *args]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    if check:
+        assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    """Synthetic train/held-out text, a BPE tokenizer, a tiny random Llama checkpoint and a briefly trained one."""
+    root = tmp_path_factory.mktemp("eval")
+    (root / "train").mkdir()
+    for i in range(10):
+        (root / "train" / f"doc{i}.txt").write_text(synthetic_text(i, 400))
+    (root / "heldout").mkdir()
+    for i in range(3):
+        (root / "heldout" / f"doc{i}.txt").write_text(synthetic_text(100 + i, 60))
+    (root / "haystack").mkdir()  # short on purpose: the needle eval must repeat it
+    (root / "haystack" / "essay.txt").write_text(synthetic_text(7, 5))
+    prepared = root / "prepared"
+    subprocess.run([sys.executable, "-m", "easy_context.data", "--dataset", str(root / "train"), "--output",
+                    str(prepared), "--seq-length", "256", "--train-tokenizer", "300"],
+                   check=True, capture_output=True, cwd=ROOT)  # fmt: skip
+    from transformers import AutoTokenizer
+
+    from tests.models import tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(prepared / "tokenizer")
+    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=200)
+    model.save_pretrained(root / "tiny")
+    tokenizer.save_pretrained(root / "tiny")
+    run("train.py", "--model", "tiny-llama", "--tokenizer", str(prepared / "tokenizer"), "--dataset", str(prepared),
+        "--output-dir", str(root / "trained"), "--seq-length", "256", "--batch-size", "2",
+        "--gradient-accumulate-every", "1", "--max-train-steps", "20", "--learning-rate", "3e-3", "--warmup-steps", "2",
+        "--dtype", "float32", "--checkpointing", "none", "--parallel_mode", "data_parallel", "--seed", "0")  # fmt: skip
+    return {"root": root, "tokenizer": prepared / "tokenizer", "tiny": root / "tiny", "trained": root / "trained"}
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_needle_grid_outputs_and_sp_equals_one_process(setup, tmp_path):
+    args = ["--model", str(setup["tiny"]), "--haystack_dir", str(setup["root"] / "haystack"),
+            "--min_context_length", "90", "--max_context_length", "270", "--context_interval", "90",
+            "--depth_interval", "0.5", "--num_samples", "2", "--num_distractor", "1", "--rnd_number_digits", "5",
+            "--generate"]  # fmt: skip
+    one = run("eval_needle.py", *args, "--output-dir", str(tmp_path / "one"))
+    two = run("eval_needle.py", *args, "--output-dir", str(tmp_path / "two"), "--parallel_mode", "zigzag_ring_attn",
+              procs=2)  # fmt: skip
+    rows = read_rows(tmp_path / "one" / "results.csv")
+    cells = {(int(r["length"]), float(r["depth"]), int(r["sample"])) for r in rows}
+    assert len(rows) == len(cells) == 3 * 3 * 2
+    assert cells == {(n, d, s) for n in (90, 180, 270) for d in (0.0, 50.0, 100.0) for s in (0, 1)}
+    assert {"correct", "predicted", "answer", "generated", "generated_correct"} <= set(rows[0])
+    summary = json.loads((tmp_path / "one" / "results.json").read_text())
+    assert len(summary["rows"]) == 18 and len(summary["cells"]) == 9
+    assert_png(tmp_path / "one" / "heatmap.png")
+    sp_rows = read_rows(tmp_path / "two" / "results.csv")
+    assert summary["parallel_mode"] == "data_parallel"
+    for a, b in zip(rows, sp_rows, strict=True):  # prompts are odd lengths: zigzag on 2 ranks pads them
+        for key in ("length", "depth", "sample", "correct", "predicted", "generated", "generated_correct"):
+            assert a[key] == b[key], (key, a, b)
+        assert float(a["answer_logprob"]) == pytest.approx(float(b["answer_logprob"]), rel=1e-4, abs=1e-4)
+    for res in (one, two):
+        assert "repeated" in res.stderr  # the haystack is shorter than 270 tokens
+        assert "max_position_embeddings=200" in res.stderr and "rope_theta" in res.stderr
+    # plot.py re-draws the heatmap from the CSV
+    out = run("plot.py", str(tmp_path / "two" / "results.csv"), "--output", str(tmp_path / "again.png"))
+    assert "again.png" in out.stdout
+    assert_png(tmp_path / "again.png")
+
+
+@pytest.mark.parametrize("kind", ["bpe", "bytes"])
+def test_needle_sits_at_the_requested_depth(setup, tmp_path, kind):
+    from transformers import AutoTokenizer
+
+    from easy_context.data import train_byte_level_bpe
+    from easy_context.eval.haystack import Haystack
+    from easy_context.eval.needle import make_case
+    from easy_context.eval.scoring import answer_split
+
+    text = synthetic_text(3, 300)
+    if kind == "bpe":
+        tok = AutoTokenizer.from_pretrained(setup["tokenizer"])
+    else:  # 256 bytes + 3 specials: no merges, one token per byte
+        tok = train_byte_level_bpe([text], vocab_size=259, out_dir=str(tmp_path / "bytes"))
+    haystack = Haystack.from_text(text, tok)
+    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    for depth in (0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 100.0):
+        case = make_case(haystack, 600, depth, sample=1, num_distractors=0)
+        start, end = case.context_span
+        assert case.prompt[case.needle_char :].startswith(case.needle)
+        before = case.prompt[start : case.needle_char]
+        after = case.prompt[case.needle_char + len(case.needle) + 1 : end]
+        got, total = count(before), count(before) + count(after)
+        assert total <= 600 + 10
+        # within one sentence of the requested depth: the nearest boundary is at most a sentence away
+        sentence = max(haystack.token_lengths[max(case.boundary - 1, 0) : case.boundary + 1]) + 2
+        assert abs(got - depth / 100 * total) <= sentence, (depth, got, total, sentence)
+        ids, first = answer_split(tok, case.prompt, case.answer, bos=False)
+        assert tok.decode(ids[first:]) == case.answer and case.answer == f" {case.number}"
+
+
+def test_ppl_sp_equals_one_process_and_training_lowers_it(setup, tmp_path):
+    args = ["-m", "tiny-llama", "-m", str(setup["trained"]), "--tokenizer", str(setup["tokenizer"]),
+            "--dataset", str(setup["root"] / "heldout"), "--min-tokens", "64", "--max-tokens", "256",
+            "--sliding-window", "64", "--samples", "2"]  # fmt: skip
+    run("eval_ppl.py", *args, "--output", str(tmp_path / "one.csv"))
+    run("eval_ppl.py", *args, "--output", str(tmp_path / "two.csv"), "--parallel_mode", "zigzag_ring_attn", procs=2)
+    one, two = read_rows(tmp_path / "one.csv"), read_rows(tmp_path / "two.csv")
+    assert [(r["model"], int(r["tokens"])) for r in one] == [
+        (m, n) for m in ("tiny-llama", str(setup["trained"])) for n in (64, 128, 256)
+    ]
+    assert {"model", "tokens", "ppl", "loss", "samples"} <= set(one[0])
+    for a, b in zip(one, two, strict=True):
+        assert float(b["ppl"]) == pytest.approx(float(a["ppl"]), rel=1e-4)
+        assert a["scored_tokens"] == b["scored_tokens"]
+    untrained = {int(r["tokens"]): float(r["ppl"]) for r in one if r["model"] == "tiny-llama"}
+    trained = {int(r["tokens"]): float(r["ppl"]) for r in one if r["model"] != "tiny-llama"}
+    assert all(trained[n] < 0.8 * untrained[n] for n in untrained), (trained, untrained)
+    run("plot.py", str(tmp_path / "one.csv"), str(tmp_path / "two.csv"), "--output", str(tmp_path / "ppl.png"))
+    assert_png(tmp_path / "ppl.png")
+
+
+def test_windows_score_every_token_once():
+    from easy_context.eval.perplexity import window_inputs, windows
+
+    doc = list(range(1000, 1100))
+    for stride, truncate in ((30, False), (200, False), (1, True)):
+        scored = []
+        for win in windows(len(doc), 40, stride, truncate):
+            ids, targets = window_inputs(doc, win, bos_id=7)
+            assert len(ids) <= 41 and ids[0] == 7
+            scored += [t for t in targets if t != -100]
+        assert scored == (doc[:40] if truncate else doc)
+
+
+@pytest.mark.parametrize("make,message", [(None, "does not exist"), ("empty", "no .txt files")])
+def test_needle_bad_haystack_dir(setup, tmp_path, make, message):
+    folder = tmp_path / "haystack"
+    if make:
+        folder.mkdir()
+    sys.path.insert(0, str(ROOT))
+    import eval_needle
+
+    with pytest.raises(SystemExit) as exc:
+        eval_needle.main(["--model", str(setup["tiny"]), "--haystack_dir", str(folder)])
+    assert message in str(exc.value) and "fetch.py" in str(exc.value)
