@@ -69,6 +69,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.wandb:
         args.tracker = "wandb"
+    if args.tracker != "none":
+        import importlib.util
+
+        modules = {"wandb": ["wandb"], "tensorboard": ["tensorboard", "tensorboardX"]}[args.tracker]
+        if not any(importlib.util.find_spec(m) for m in modules):
+            p.error(f"--tracker {args.tracker} needs the {modules[0]} package: pip install {modules[0]}")
+        if args.tracker == "wandb" and "WANDB_API_KEY" not in os.environ:
+            os.environ.setdefault("WANDB_MODE", "offline")  # offline-safe: runs sync later with `wandb sync`
     if args.model in PRESETS and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
     if args.parallel_mode not in ec.SEQ_ALGOS:

@@ -117,6 +117,12 @@ def test_resume_continues_exactly(data_dir, tmp_path):
     assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
 
 
+def test_tensorboard_tracker(data_dir, tmp_path):
+    run_train(data_dir, tmp_path / "tb", "--parallel_mode", "data_parallel", "--tracker", "tensorboard", steps=2)
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events and max(e.stat().st_size for e in events) > 0
+
+
 def test_dp_x_sp_four_processes(data_dir, tmp_path):
     run_train(data_dir, tmp_path / "dpsp", "--parallel_mode", "usp_attn", "--ring_degree", "1", "--sp-size", "2",
               procs=4, steps=2)  # fmt: skip
@@ -131,6 +137,7 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--parallel_mode", "ring_attn"), "unknown --parallel_mode"),
         (("--parallel_mode", "ulysses_attn", "--seq-length", "255"), "not divisible by the Ulysses degree"),
         (("--dataset", "/nonexistent/dataset"), "/nonexistent/dataset"),
+        (("--model", "tiny-llama", "--tokenizer", ""), "needs --tokenizer"),
     ],
 )
 def test_bad_flags_fail_with_one_line(data_dir, tmp_path, extra, message):
