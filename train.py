@@ -20,7 +20,7 @@ import sys
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 from transformers import get_scheduler
@@ -28,7 +28,13 @@ from transformers import get_scheduler
 import easy_context as ec
 from easy_context.data import load_tokenizer, load_train_dataset
 from easy_context.kernels import KERNEL_NAMES
-from easy_context.loss import HEAD_LOSS_IMPLS, CausalLMWithLoss, global_mean_for_logging, global_mean_loss
+from easy_context.loss import (
+    HEAD_LOSS_IMPLS,
+    CausalLMWithLoss,
+    all_reduce_count,
+    global_mean_for_logging,
+    global_mean_loss,
+)
 from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, load_model
@@ -62,7 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--save-every", type=int, default=0, help="save a resumable state every N steps (0: only at end)")
-    p.add_argument("--resume-from", default=None, help="a state dir written by --save-every")
+    p.add_argument("--resume-from", default=None, help="a state dir written by --save-every / --stop-at-step")
+    p.add_argument("--stop-at-step", type=int, default=None,
+                   help="end this run at that step with a resumable state (time-limited jobs); the schedule "
+                        "still follows --max-train-steps")  # fmt: skip
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"])
     p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
@@ -104,7 +113,12 @@ def main(argv=None) -> None:
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     backend = "nccl" if torch.cuda.is_available() else "gloo"  # gloo on CPU: else every rank thinks it is rank 0
     accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulate_every,
+        # sync exactly every k micro-batches (not early at an epoch's end) and step the LR schedule ourselves,
+        # once per optimizer step (accelerate would step it once per process)
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=args.gradient_accumulate_every, sync_with_dataloader=False
+        ),
+        step_scheduler_with_optimizer=False,
         log_with=None if args.tracker == "none" else args.tracker,
         project_dir=args.output_dir,
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=30))]
@@ -125,11 +139,16 @@ def main(argv=None) -> None:
         sys.exit(f"error: {exc}")
     model = load_model(args.model, vocab_size=len(tokenizer), rope_theta=args.rope_theta, seed=args.seed,
                        max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
+    model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     check_layout(args, sp_size, model.config)
     ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=args.kernel, **opts)
     if args.checkpointing != "none":  # per decoder layer; "offload" keeps each layer's input in host memory
         enable_offloaded_checkpointing(model, offload=args.checkpointing == "offload")
     if args.tiled_mlp:
+        zero = accelerator.state.deepspeed_plugin
+        if zero is not None and zero.deepspeed_config.get("zero_optimization", {}).get("stage") == 3:
+            sys.exit("error: --tiled-mlp does not work with DeepSpeed ZeRO-3 yet (partitioned MLP weights); "
+                     "use FSDP2 (accelerate_configs/fsdp2_offload.yaml) or drop --tiled-mlp")  # fmt: skip
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     train_model = CausalLMWithLoss(model, impl=args.loss)
     try:
@@ -175,36 +194,42 @@ def main(argv=None) -> None:
             yield from loader
 
     stream = itertools.islice(micro_batches(), consumed, None)
-    bar = tqdm(range(start_step, args.max_train_steps), disable=not accelerator.is_local_main_process,
+    last_step = min(args.max_train_steps, args.stop_at_step or args.max_train_steps)
+    bar = tqdm(range(start_step, last_step), disable=not accelerator.is_local_main_process,
                initial=start_step, total=args.max_train_steps)  # fmt: skip
     for step in bar:
         batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
         consumed += len(batches)
-        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, b[:, :-1], None, b[:, 1:], sp_rank, sp_size,
-                                                 accelerator.device, **opts) for b in batches]  # fmt: skip
-        # exact token-mean over every micro-batch, rank and DP replica of this optimizer step
+        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, b[:, :-1].cpu(), None, b[:, 1:].cpu(), sp_rank,
+                                                 sp_size, "cpu", **opts) for b in batches]  # fmt: skip
+        # exact token-mean over every micro-batch, rank and DP replica of this optimizer step: one count, on the
+        # host (no device sync), all-reduced once
         n_local = sum(int((s["local_target_ids"] != -100).sum()) for s in shards)
+        n_total = all_reduce_count(n_local, device=accelerator.device)
+        shards = [{k: v.to(accelerator.device, non_blocking=True) for k, v in s.items()} for s in shards]
         sums = []
         for shard in shards:
             with accelerator.accumulate(train_model):
                 loss_sum, n = train_model(shard["local_input_ids"], shard["local_position_ids"],
                                           shard["local_target_ids"])  # fmt: skip
                 # accelerate/DeepSpeed average grads over ranks and divide by the accumulation steps: undo both
-                loss = global_mean_loss(loss_sum * len(shards), n_local, grad_average_world=accelerator.num_processes)
+                loss = global_mean_loss(loss_sum * len(shards), n_total, grad_average_world=accelerator.num_processes,
+                                        already_reduced=True)  # fmt: skip
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.grad_clip and ds is None:
                     accelerator.clip_grad_norm_(train_model.parameters(), args.grad_clip)
                 optimizer.step()
-                scheduler.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
                 optimizer.zero_grad()
             sums.append(loss_sum.detach())
         logged = global_mean_for_logging(torch.stack(sums).sum(), n_local).item()
-        if (step + 1) % args.log_every == 0 or step + 1 == args.max_train_steps:
+        if (step + 1) % args.log_every == 0 or step + 1 == last_step:
             row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0])
             bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
-        if args.save_every and (step + 1) % args.save_every == 0:
+        if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
             save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed)
     save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
     accelerator.end_training()

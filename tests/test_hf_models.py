@@ -163,3 +163,38 @@ def test_softcap_and_output_attentions_raise():
     with pytest.raises(NotImplementedError, match="attention mask"):
         check_supported(plain, "data_parallel", q, torch.ones(1, 1, 8, 8), 0.0, {})
     check_supported(plain, "data_parallel", q, None, 0.0, {"sliding_window": 8})  # window >= sequence: fine
+
+
+def positional_mask_worker(rank, world):
+    from tests.models import tiny_model
+
+    model = tiny_model("llama")
+    ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", model)
+    ids, pos = torch.randint(0, 128, (1, 16)), torch.arange(16)[None]
+    errors = []
+    for call in (
+        lambda: model(ids, torch.tensor([[0] * 4 + [1] * 12]), pos),  # mask and positions passed positionally
+        lambda: model.get_decoder()(ids),  # the decoder called directly (as CausalLMWithLoss does) is guarded
+    ):
+        try:
+            call()
+        except ValueError as exc:
+            errors.append(str(exc))
+    model(ids, None, pos)  # positional position_ids are found
+    return errors
+
+
+def test_guard_sees_positional_arguments_and_the_decoder(dist_pool):
+    for errors in dist_pool(2).run(positional_mask_worker):
+        assert len(errors) == 2 and "padding attention_mask" in errors[0] and "pass position_ids" in errors[1]
+
+
+def test_logit_scaling_models_are_rejected():
+    from transformers import AutoModelForCausalLM, GraniteConfig
+
+    from easy_context.loss import CausalLMWithLoss
+
+    cfg = GraniteConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128, logits_scaling=4.0)  # fmt: skip
+    with pytest.raises(NotImplementedError, match="logits_scaling"):
+        CausalLMWithLoss(AutoModelForCausalLM.from_config(cfg))

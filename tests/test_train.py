@@ -45,7 +45,7 @@ def run_train(
     args = ["train.py", "--model", "tiny-llama", "--tokenizer", str(data_dir / "tokenizer"), "--dataset",
             str(data_dir), "--output-dir", str(out), "--seq-length", "256", "--batch-size", "2",
             "--gradient-accumulate-every", "2", "--max-train-steps", str(steps), "--learning-rate", "2e-3",
-            "--warmup-steps", "1", "--dtype", "float32", "--seed", "3", *extra]  # fmt: skip
+            "--warmup-steps", "2", "--lr-schedule", "linear", "--dtype", "float32", "--seed", "3", *extra]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
            "TORCH_EXTENSIONS_DIR": str(ROOT / ".venv" / "torch_extensions")}  # fmt: skip
     if config.endswith("cpu_zero3.yaml"):  # DeepSpeed on CPU: accelerate ignores DeepSpeed under ACCELERATE_USE_CPU
@@ -61,8 +61,21 @@ def run_train(
     return res
 
 
-def losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+def losses(out: Path, key: str = "loss") -> list[float]:
+    return [json.loads(line)[key] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected_lrs(steps: int, lr: float = 2e-3, warmup: int = 2) -> list[float]:
+    """The linear schedule stepped once per optimizer step (what metrics.jsonl logs after each step)."""
+    from transformers import get_scheduler
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    sched = get_scheduler("linear", opt, warmup, steps)
+    out = []
+    for _ in range(steps):
+        sched.step()
+        out.append(sched.get_last_lr()[0])
+    return out
 
 
 def test_sp_reproduces_data_parallel_and_saves_hf_checkpoint(data_dir, tmp_path):
@@ -72,6 +85,8 @@ def test_sp_reproduces_data_parallel_and_saves_hf_checkpoint(data_dir, tmp_path)
               "--tiled-mlp", "3", procs=2)  # fmt: skip
     ref = losses(tmp_path / "dp")
     assert len(ref) == 4
+    for name in ("dp", "zz", "uly"):  # the schedule advances once per optimizer step, whatever the process count
+        assert losses(tmp_path / name, "lr") == pytest.approx(expected_lrs(4)), name
     for name in ("zz", "uly"):
         got = losses(tmp_path / name)
         assert got == pytest.approx(ref, rel=1e-4), (name, got, ref)
@@ -102,16 +117,19 @@ def test_deepspeed_zero3_cpu_offload(data_dir, tmp_path):
 
 
 def test_loss_decreases(data_dir, tmp_path):
-    run_train(data_dir, tmp_path / "run", "--parallel_mode", "data_parallel", "--checkpointing", "none",
-              "--gradient-accumulate-every", "1", steps=30)  # fmt: skip
+    # 30 steps x 2 micro-batches of 2 rows: several epochs of the small dataset, so epoch boundaries fall
+    # inside optimizer steps; the schedule must still advance exactly once per step
+    run_train(data_dir, tmp_path / "run", "--parallel_mode", "data_parallel", "--checkpointing", "none", steps=30)
+    assert losses(tmp_path / "run", "lr") == pytest.approx(expected_lrs(30))
     got = losses(tmp_path / "run")
     assert sum(got[-5:]) / 5 < 0.7 * sum(got[:5]) / 5, got
 
 
 def test_resume_continues_exactly(data_dir, tmp_path):
     run_train(data_dir, tmp_path / "full", "--parallel_mode", "zigzag_ring_attn", procs=2, steps=6)
-    run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--save-every", "3", procs=2,
-              steps=3)  # fmt: skip
+    run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--stop-at-step", "3", procs=2,
+              steps=6)  # fmt: skip
+    assert len(losses(tmp_path / "part")) == 3
     run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--resume-from",
               str(tmp_path / "part" / "state-step3"), procs=2, steps=6)  # fmt: skip
     assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
@@ -126,6 +144,7 @@ def test_tensorboard_tracker(data_dir, tmp_path):
 def test_dp_x_sp_four_processes(data_dir, tmp_path):
     run_train(data_dir, tmp_path / "dpsp", "--parallel_mode", "usp_attn", "--ring_degree", "1", "--sp-size", "2",
               procs=4, steps=2)  # fmt: skip
+    assert losses(tmp_path / "dpsp", "lr") == pytest.approx(expected_lrs(2))
     rows = [json.loads(line) for line in (tmp_path / "dpsp" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["tokens"] == 2 * 2 * 2 * 256 * 2  # two DP groups
 

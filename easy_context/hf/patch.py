@@ -12,6 +12,7 @@ A forward pre-hook on the model guards what the attention function cannot see: a
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -38,22 +39,27 @@ def attention_name(seq_algo: str, **options: Any) -> str:
 
 def _guard_inputs(seq_algo: str):
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
-        mask = kwargs.get("attention_mask")
+        names = list(inspect.signature(module.forward).parameters)[: len(args)]
+        positional = dict(zip(names, args))
+        mask = kwargs.get("attention_mask", positional.get("attention_mask"))
         if mask is not None and not bool(torch.all(mask == 1)):
             raise ValueError(
                 f"{seq_algo}: a padding attention_mask is not supported with sequence parallelism (transformers "
                 "would drop it silently for custom attention); pack sequences, pad at the end and set those "
                 "targets to -100 (easy_context.pad_seq_parallel_inputs)"
             )
+        if "attention_mask" in positional:
+            args = tuple(None if name == "attention_mask" else a for name, a in zip(names, args))
         kwargs.pop("attention_mask", None)
-        if kwargs.get("position_ids") is None:
+        if kwargs.get("position_ids", positional.get("position_ids")) is None:
             raise ValueError(
                 f"{seq_algo}: pass position_ids: each rank holds a shard of the sequence and needs its global "
                 "positions (easy_context.prepare_seq_parallel_inputs returns local_position_ids)"
             )
-        if kwargs.get("past_key_values") is not None:
+        if kwargs.get("past_key_values", positional.get("past_key_values")) is not None:
             raise NotImplementedError(f"{seq_algo}: KV caches are not supported with sequence parallelism")
-        kwargs["use_cache"] = False
+        if "use_cache" not in positional:
+            kwargs["use_cache"] = False
         return args, kwargs
 
     return hook
@@ -61,10 +67,12 @@ def _guard_inputs(seq_algo: str):
 
 def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
     model.set_attn_implementation(attention_name(seq_algo, **options))
-    old = getattr(model, "_easy_context_guard", None)
-    if old is not None:
-        old.remove()
-    model._easy_context_guard = model.register_forward_pre_hook(_guard_inputs(seq_algo), with_kwargs=True)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for module in {id(m): m for m in (model, decoder) if m is not None}.values():  # the LM and its decoder
+        old = getattr(module, "_easy_context_guard", None)
+        if old is not None:
+            old.remove()
+        module._easy_context_guard = module.register_forward_pre_hook(_guard_inputs(seq_algo), with_kwargs=True)
     return model
 
 

@@ -62,6 +62,7 @@ def global_mean_loss(
     num_valid: torch.Tensor | int,
     group: dist.ProcessGroup | None = None,
     grad_average_world: int | None = None,
+    already_reduced: bool = False,
 ) -> torch.Tensor:
     """This rank's share ``loss_sum / N`` of the exact global mean loss (collective over ``group``).
 
@@ -74,13 +75,18 @@ def global_mean_loss(
         grad_average_world: if the trainer AVERAGES gradients over W ranks (DDP, Accelerate, DeepSpeed),
             pass W: the loss is multiplied by W so the averaged gradient is the global mean's gradient.
             None: the ranks' gradients are meant to be SUMMED.
+        already_reduced: ``num_valid`` is already the total over ``group`` (from :func:`all_reduce_count`,
+            e.g. counted once for several micro-batches): no collective here.
 
     Returns:
         scalar, same dtype as ``loss_sum``. The sum over ranks of the returned values (times
         ``1/grad_average_world``) is the global mean loss. 0 with 0 gradients if ``N == 0``; never NaN.
         To report the loss use :func:`global_mean_for_logging`.
     """
-    total = all_reduce_count(num_valid, group, device=loss_sum.device)
+    if already_reduced:
+        total = torch.as_tensor(num_valid, dtype=torch.long, device=loss_sum.device).reshape(())
+    else:
+        total = all_reduce_count(num_valid, group, device=loss_sum.device)
     scale = 1.0 if grad_average_world is None else float(grad_average_world)
     if grad_average_world is not None and grad_average_world < 1:
         raise ValueError(f"grad_average_world must be >= 1 or None, got {grad_average_world}")

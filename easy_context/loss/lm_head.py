@@ -65,13 +65,18 @@ class CausalLMWithLoss(nn.Module):
 
     def __init__(self, model: nn.Module, impl: str = "chunked", chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
-        if getattr(model.config, "logit_scale", None) not in (None, 1.0):
-            raise NotImplementedError("models that scale their logits (config.logit_scale) are not supported")
+        for attr in ("logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier_scale"):
+            if getattr(model.config, attr, None) not in (None, 1, 1.0):
+                raise NotImplementedError(
+                    f"models that scale their logits (config.{attr}={getattr(model.config, attr)}) are not supported"
+                )
         head = model.get_output_embeddings()
         if not isinstance(head, LMHeadWithLoss):
             model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
         self.model = model
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        if self.softcap and impl == "flash_attn":
+            raise NotImplementedError("loss 'flash_attn' cannot apply final_logit_softcapping; use --loss chunked")
         # FSDP's auto-wrap policy and DeepSpeed's "auto" bucket sizes look at the root module
         self._no_split_modules = getattr(model, "_no_split_modules", None)
         self.config = model.config
