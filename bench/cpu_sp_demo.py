@@ -68,6 +68,7 @@ def _worker(rank: int, world: int, port: int, args, results) -> None:
         kern.backward(dout, q, k, v, out, lse, True, d**-0.5)
         results.put(("single process (cpu kernel)", {}, _rel(out, refs[0]), time.perf_counter() - t0))
         results.put(None)
+    dist.barrier()  # leave together: a gloo peer that exits early can abort the other one's teardown
     dist.destroy_process_group()
 
 
