@@ -107,10 +107,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
             if t is not None:  # z = cap * tanh(x / cap)  =>  dz/dx = 1 - tanh^2
                 g.mul_(t.square_().neg_().add_(1.0))
                 del t
+            g_lp = g.to(weight.dtype)  # GEMMs in the inputs' dtype (tensor cores); fp32 only for accumulation
             if need_h:
-                d_hidden[s:e] = g.to(weight.dtype) @ weight
+                d_hidden[s:e] = g_lp @ weight
             if need_w:
-                d_weight.addmm_(g.t(), hidden[s:e].float())
+                if weight.dtype == torch.float32:
+                    d_weight.addmm_(g.t(), hidden[s:e])
+                else:  # a bf16/fp16 GEMM (fp32 inside), summed over chunks in fp32: an fp32 GEMM is ~10x slower
+                    d_weight.add_(g_lp.t() @ hidden[s:e])
             if need_b:
                 d_bias += g.sum(0)
             del g, logits
