@@ -145,10 +145,6 @@ def main(argv=None) -> None:
     if args.checkpointing != "none":  # per decoder layer; "offload" keeps each layer's input in host memory
         enable_offloaded_checkpointing(model, offload=args.checkpointing == "offload")
     if args.tiled_mlp:
-        zero = accelerator.state.deepspeed_plugin
-        if zero is not None and zero.deepspeed_config.get("zero_optimization", {}).get("stage") == 3:
-            sys.exit("error: --tiled-mlp does not work with DeepSpeed ZeRO-3 yet (partitioned MLP weights); "
-                     "use FSDP2 (accelerate_configs/fsdp2_offload.yaml) or drop --tiled-mlp")  # fmt: skip
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     train_model = CausalLMWithLoss(model, impl=args.loss)
     try:

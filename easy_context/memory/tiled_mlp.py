@@ -58,6 +58,10 @@ class TiledMLPFunction(torch.autograd.Function):
 
     ``apply(forward_fn, bounds, x, *params)``: ``x`` (..., seq, hidden); ``params`` are the tensors ``forward_fn``
     uses whose gradients are wanted (the MLP's parameters); returns (..., seq, hidden_out).
+
+    DeepSpeed ZeRO-3 parameters (partitioned outside their module's forward) are not passed as ``params``:
+    set ``ctx``-side ``zero3_params`` through :func:`tiled_mlp`, and the backward lets each tile's gradients
+    accumulate in ``.grad`` through DeepSpeed's own hooks, marking them ready for reduction on the last tile only.
     """
 
     @staticmethod
@@ -69,6 +73,7 @@ class TiledMLPFunction(torch.autograd.Function):
         *params: torch.Tensor,
     ) -> torch.Tensor:
         ctx.forward_fn, ctx.bounds, ctx.params = forward_fn, bounds, params
+        ctx.zero3_params = _ZERO3_PARAMS.pop(id(forward_fn), None)
         device = x.device.type  # the backward recompute runs under the forward's autocast state
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(x)
@@ -86,6 +91,8 @@ class TiledMLPFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (x,) = ctx.saved_tensors
+        if ctx.zero3_params is not None:
+            return (None, None, _zero3_backward(ctx, x, grad_out))
         need_x = ctx.needs_input_grad[2]
         wanted = [i for i, need in enumerate(ctx.needs_input_grad[3:]) if need]
         grad_x = torch.empty_like(x) if need_x else None
@@ -113,6 +120,30 @@ class TiledMLPFunction(torch.autograd.Function):
         return (None, None, grad_x, *param_grads)
 
 
+_ZERO3_PARAMS: dict[int, list[torch.Tensor]] = {}  # forward_fn id -> ZeRO-3 params, handed to the next apply()
+
+
+def _zero3_backward(ctx, x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """Per tile: recompute, backpropagate into ``.grad`` (DeepSpeed gathers the weights in the MLP's forward);
+    only the last tile marks the parameters ready, so ZeRO-3 reduces each gradient once."""
+    grad_x = torch.empty_like(x)
+    device, enabled, dtype = ctx.autocast
+    last = len(ctx.bounds) - 1
+    try:
+        for i, (start, end) in enumerate(ctx.bounds):
+            for p in ctx.zero3_params:
+                p.ds_grad_is_ready = i == last
+            x_tile = x[..., start:end, :].detach().requires_grad_(True)
+            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+                y = ctx.forward_fn(x_tile)
+            torch.autograd.backward(y, grad_out[..., start:end, :])
+            grad_x[..., start:end, :] = x_tile.grad
+    finally:
+        for p in ctx.zero3_params:
+            p.ds_grad_is_ready = True
+    return grad_x
+
+
 def tiled_mlp(
     mlp: nn.Module, x: torch.Tensor, *, num_tiles: int | None = None, tile_tokens: int | None = None
 ) -> torch.Tensor:
@@ -126,7 +157,11 @@ def tiled_mlp(
     bounds = tile_bounds(x.shape[-2], num_tiles, tile_tokens, default_tokens=x.shape[-1])
     if len(bounds) <= 1:
         return forward_fn(x)
-    return TiledMLPFunction.apply(forward_fn, bounds, x, *mlp.parameters())
+    params = list(mlp.parameters())
+    if any(hasattr(p, "ds_id") for p in params):  # DeepSpeed ZeRO-3: see TiledMLPFunction
+        _ZERO3_PARAMS[id(forward_fn)] = [p for p in params if p.requires_grad]
+        return TiledMLPFunction.apply(forward_fn, bounds, x)
+    return TiledMLPFunction.apply(forward_fn, bounds, x, *params)
 
 
 def _tiled_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
