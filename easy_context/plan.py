@@ -1,0 +1,856 @@
+"""Memory planner: the byte budget of one training step and the longest trainable context, before renting GPUs.
+
+``python -m easy_context.plan --model <config.json|hub-id|preset> --gpus N --gpu-mem 80GB --host-mem 1TB``
+prints, for every sequence-parallel (SP) mode x memory option, the longest full sequence S whose training step
+(forward, backward, optimizer step; micro-batch 1) fits in ``--gpu-mem`` per GPU and ``--host-mem`` per node,
+and the per-component byte budget at one S. ``--json`` prints the same as JSON. Nothing is run or downloaded.
+
+Units: GB = 1e9 bytes, GiB = 2**30 bytes (``--gpu-mem 80GB`` is 80e9 bytes; an "80GB" H100 really has 80 GiB,
+so pass ``80GiB`` for the full card). Output is in GB (1e9).
+
+How the prediction is made
+--------------------------
+Every byte count is ``fixed + per_token * s`` (a :class:`Term`), with ``s`` the tokens ONE rank holds:
+``s = S / W`` for the SP modes (W = SP size, default the number of GPUs), ``s = S`` for ``data_parallel``.
+GPU peak = CUDA reserve + (1 + fragmentation) * (persistent terms + the largest *phase*), where a phase is a
+moment of the step whose live tensors are listed below (the step's peak is in one of them). Each phase gives
+a linear inequality in s, so the longest s is a division per phase; the smallest wins. Host memory (per node)
+is solved the same way. S is rounded down to a multiple of ``lcm(easy_context.seq_multiple(mode, W), 1024)``.
+
+Model shape and parameters (``P``): hidden h, layers L, q heads n_h, K/V heads n_kv, head_dim d (q width
+qd = n_h d, K/V width kvd = n_kv d), intermediate i, vocab V. Per layer: q, k, v, o projections
+(``2 h qd + 2 h kvd``, + q/k/v biases for Qwen2), gated MLP ``3 h i``, two RMSNorms ``2 h``; plus the input
+embedding ``V h``, the LM head ``V h`` (unless tied) and the final norm ``h`` (the conventions of
+:func:`easy_context.flops.non_embedding_params`, plus embeddings and norms).
+
+Activation units (bytes per local token): A = 2h (one bf16 hidden-size tensor), Q = 2 qd, K = 2 kvd (one of K
+or V), M = 2i (one bf16 MLP intermediate), LSE = 4 n_h (fp32 log-sum-exp), Qf = 4 qd (fp32 q-sized),
+Kr = r K where r is the K/V head replication of Ulysses (``W / n_kv`` when n_kv < Ulysses degree, else 1).
+
+Model states (``--optim``):
+
+- ``zero3_offload`` (default; ``accelerate_configs/zero3_offload.json``: DeepSpeed ZeRO-3, optimizer AND
+  parameters offloaded to pinned host memory). GPU: only what ZeRO-3 gathers: parameters kept live up to
+  ``stage3_max_live_parameters`` = 1e9 (the recipe's value; with ``stage3_max_reuse_distance`` = 1e9 the last
+  layers' parameters stay gathered from the forward into the backward), counted as 2 B x min(1e9, layer
+  params); the layer's bf16 gradients before reduce-scatter (2 B x one layer's params, backward phases only);
+  the reduce bucket (``reduce_bucket_size`` "auto" = h^2 elements, bf16); parameters under the persistence
+  threshold (10 h: the norms, and the biases) kept whole; the LM head / embedding gathered (and their bf16
+  gradient) in the loss / embedding-backward phases. Host (divided over all N ranks, a node holding its
+  G processes' share): fp32 master 4 + Adam m 4 + v 4 = 12 B/param, the fp32 gradient partition DeepSpeed's
+  CPU Adam reads (4 B/param) and the bf16 parameter partition (2 B/param): 18 B/param.
+- ``zero3_offload_optimizer``: as above, but the bf16 parameter partition (2P/N) stays on the GPU (16 B/param
+  on host).
+- ``zero3``: nothing offloaded; per GPU bf16 params 2P/N + bf16 grad partition 2P/N + fp32 master/m/v 12P/N,
+  + the gathered working set above; at the optimizer step a transient fp32 gradient of one sub-group
+  (4 B x min(P/N, sub_group_size 1e9)).
+- ``ddp``: replicated (DDP-style, no sharding): 2P + 2P + 12P = 16 B/param on every GPU; the optimizer step
+  adds one fp32 parameter-sized temporary (4P: torch's foreach AdamW intermediates, rough).
+
+Persistent GPU tensors (the whole step): CUDA context + library workspaces (``--cuda-reserve``, 1.5 GB) and NCCL
+buffers (0.5 GB when W > 1), both outside the caching allocator; input ids, labels, position ids (3 x int64 =
+24 B/token); RoPE cos and sin (bf16, 4 d B/token); the checkpointed layer inputs: ``full``: L x A per token
+(kept on GPU); ``offload``: in pinned host memory, only one layer input staged on the GPU (A).
+
+Phases (tensors alive at the same time; "x" = the layer input, "dy" = the gradient arriving from above):
+
+- ``attn fwd`` (recompute of one layer, in the attention kernel): x on GPU (offload only; with ``full`` it is
+  one of the L checkpoints), dy (A), what HF's eager RMSNorm saves (``x.float()``: 2A, the bf16 normalized
+  x_hat: A, fp32 rstd: 4 B) and its output n1 (A), q, k, v after RoPE (Q + 2K; RoPE saves only cos/sin, the
+  pre-RoPE projections are freed), and the attention forward
+  buffers of the mode: ring (zigzag, dist_flash, the ring part of usp): the stacked K/V copy (2 Kr) and the
+  K/V in flight (2 Kr, when ring degree > 1), fp32 output + LSE accumulators (Qf + LSE), one block's kernel
+  out + lse (Q + LSE); dist_flash also a borrowed q (Q) and a helper's partial fp32 out + lse (Qf + LSE);
+  local kernel (data_parallel, ulysses): out + lse (Q + LSE); Ulysses (ulysses, usp): the all-to-all copies
+  q', k', v' (Q + 2 Kr, input and output of the exchange both alive) and the replicated K/V before the
+  exchange (2 Kr when r > 1).
+- ``mlp bwd`` (backward of the recomputed layer's MLP, the largest moment of an untiled layer): x (offload),
+  dy (A), everything the attention half saved: input norm (3A + 4 B) and n1 (A), attention saved tensors
+  (q, k, v, out -- out is also o_proj's saved input, same storage: 2Q + 2K + LSE; Ulysses: q', k', v', out' and
+  the gathered-back out: 3Q + 2Kr + LSE), the post norm's saved fp32 copy of h1 = x + attn and bf16 h1_hat
+  (3A + 4 B; h1 itself is freed), n2 (A); the MLP ``down(silu(gate(n2)) * up(n2))``: saved gate, up, silu(gate),
+  product (4M) + at the product's backward d(product), d(silu), d(up) minus the freed product (2M more):
+  6M untiled. Tiled MLP (``easy_context.memory.tiled_mlp``): only one tile's 6M exists (6 x tile x i x 2 B;
+  ``--mlp-tiles auto`` = tiles of h tokens, ALST's choice, a constant; a number T gives 6M/T per token), plus
+  the fp32 gradient accumulators of the MLP weights (3 h i x 4 B, constant). Gather modes: the layer's bf16
+  parameter gradients (2 B x layer params).
+- ``attn bwd`` (backward of the distributed attention): x (offload), input norm (3A + 4 B), n1 (A), attention
+  saved tensors, d h1 and the d x being accumulated (2A), d out (Q); backward buffers: ring: stacked K/V + in
+  flight (2 Kr + 2 Kr), fp32 dq accumulator (Qf), fp32 dK/dV travelling: current and in flight (4 Kr + 4 Kr),
+  one block's kernel gradients (Q + 2 Kr), kernel workspace (fp32 dq accumulator and delta: Qf + LSE);
+  dist_flash also borrowed q, dout, out + lse (3Q + LSE) and a partial fp32 dq (Qf); local kernel: gradients
+  (Q + 2 Kr; under Ulysses these are dq', dk', dv') + workspace (Qf + LSE); Ulysses: the exchanged d out' and
+  the dq, dk, dv exchanged back (2Q + 2 Kr). Gather modes: the layer's bf16 parameter gradients.
+- ``loss`` (first moment of the backward): the last layer output and the final norm output (2A), d hidden (A);
+  plain loss (HF: bf16 logits, fp32 upcast, fp32 log-softmax): V x (2 + 4 + 4) B per token; chunked linear CE
+  (``--loss chunked``, chunk 1024): 3 fp32 (chunk, V) buffers (constant) + fp32 lse, int64 target, bool valid
+  per token (13 B), and its fp32 LM-head gradient accumulator (4 B x V h, cast to bf16 at the end: + 2 B x V h);
+  gather modes: the LM head gathered (2 B x V h) and, plain loss, its bf16 gradient.
+- ``embedding bwd``: d embeddings (A) and, gather modes, the embedding weight gathered and its bf16 gradient.
+- ``optimizer step``: no activations; the optimizer's transients (see ``--optim``).
+
+The first (no-grad-saving) forward of each layer is a subset of ``attn fwd`` + an MLP forward (3M live at most,
+less than the backward's 6M), so it is not a separate phase.
+
+Allocator and host:
+
+- fragmentation / caching-allocator overhead: +10 % of everything the allocator holds (``--frag``);
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` is what keeps it near that.
+- host per node: the model states above, the offloaded checkpoints of the node's G processes (L tensors of
+  s x h x 2 B each, pinned; PyTorch's pinned allocator rounds each block up to a power of two unless
+  ``pinned_max_round_threshold`` is set: ``--no-pinned-pow2`` counts exact bytes), and a runtime reserve per
+  process (``--host-reserve``, 3 GB: torch/CUDA/DeepSpeed libraries, the data loader).
+
+Not modelled: micro-batch > 1 (multiply s), attention masks / padding, sliding windows, ``checkpoint_after_attention``
+(+ Q + LSE per layer kept, less recompute), Liger/CCE fused losses, compile/cuda-graph pools, loading spikes.
+
+Sanity anchors (published; not fitted -- ``python -m easy_context.plan --model llama-3-8b --anchors`` prints them):
+
+=====================================================  =========  ==========================================
+setting (planner mode, option set)                     published  this model (bound)
+=====================================================  =========  ==========================================
+ALST Llama-3-8B, 1x H100 80 GiB, host 1 TB (dp, all)   500K       600,064 (GPU, attn bwd)
+ALST Llama-3-8B, 1x H200 141 GB, host 2 TB (dp, all)   1.2M       1,004,544 (GPU, attn bwd)
+ALST Llama-3-8B, 8x H100 80 GiB, host 2 TB (ulysses)   3.7M       3,874,816 (GPU, attn bwd)
+EasyContext Llama-2-7B, 8x A100 80 GiB (zigzag,        700K       1,669,120 (GPU, loss: plain logits)
+offload, plain logits)
+=====================================================  =========  ==========================================
+
+The ALST numbers land within -16 % .. +20 %: ALST's own stack differs in the attention working set (their
+Ulysses + FA2 path; fused kernels may save less than the eager HF modules counted here) and their lengths are
+round numbers from runs, not searched maxima. EasyContext's 700K is the length it demonstrated, not a searched
+limit; its stack (transformers 4.3x upcasting the full logits to fp32 inside the model on top of the loss's own
+fp32 copies, ring-flash-attn's per-step fp32 buffers, no ``expandable_segments``) holds more per token than
+counted here, so the planner's 1.67M is an upper bound for that stack (same order of magnitude).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+
+GB = 1e9
+MODES = ("zigzag_ring_attn", "dist_flash_attn", "ulysses_attn", "usp_attn", "data_parallel")
+OPTIMS = ("zero3_offload", "zero3_offload_optimizer", "zero3", "ddp")
+MAX_LIVE_PARAMETERS = 1e9  # stage3_max_live_parameters in accelerate_configs/zero3_offload.json
+SUB_GROUP_SIZE = 1e9  # sub_group_size in the same file
+LOSS_CHUNK = 1024  # easy_context.loss.chunked_ce.DEFAULT_CHUNK_SIZE
+ROUND_TOKENS = 1024
+
+# The published shapes of these models (their config.json on the hub), for offline use.
+BUILTIN_MODELS: dict[str, dict] = {
+    "llama-2-7b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000),
+    "llama-3-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
+    "llama-3-70b": dict(model_type="llama", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, intermediate_size=28672, vocab_size=128256),
+    "mistral-7b": dict(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, intermediate_size=14336, vocab_size=32000),
+    "qwen2-7b": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, intermediate_size=18944, vocab_size=152064),
+}  # fmt: skip
+ALIASES = {"llama-2-7b-hf": "llama-2-7b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
+           "meta-llama-3.1-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b",
+           "meta-llama-3.1-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "qwen2.5-7b": "qwen2-7b"}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+def parse_size(text: str | float | int) -> float:
+    """Bytes of "80GB" (1e9), "512GiB" (2**30), "1TB", "1.5T", "2048MiB"; a bare number is GB."""
+    if isinstance(text, (int, float)):
+        return float(text) * GB
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGTP]?)(I?)B?\s*", text.upper())
+    if not m:
+        raise ValueError(f"cannot parse size {text!r} (examples: 80GB, 141GB, 1TB, 512GiB)")
+    value, prefix, binary = float(m.group(1)), m.group(2) or "G", bool(m.group(3))
+    power = "KMGTP".index(prefix) + 1
+    return value * (1024**power if binary else 1000**power)
+
+
+@dataclass
+class ModelShape:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+    qkv_bias: bool = False
+
+    @classmethod
+    def from_config(cls, name: str, cfg: dict) -> ModelShape:
+        cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+        h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        model_type = cfg.get("model_type", "")
+        return cls(
+            name=name,
+            hidden=h,
+            layers=cfg["num_hidden_layers"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or h // heads,
+            intermediate=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
+        )
+
+    @property
+    def qd(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kvd(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def small_params_per_layer(self) -> int:
+        """Norm weights and biases: below ZeRO-3's persistence threshold (10 h), kept whole on every GPU."""
+        return 2 * self.hidden + ((self.qd + 2 * self.kvd) if self.qkv_bias else 0)
+
+    @property
+    def layer_params(self) -> int:
+        h = self.hidden
+        return 2 * h * self.qd + 2 * h * self.kvd + 3 * h * self.intermediate + self.small_params_per_layer
+
+    @property
+    def params(self) -> int:
+        embed = self.vocab * self.hidden
+        return self.layers * self.layer_params + embed * (1 if self.tied else 2) + self.hidden
+
+
+def load_model_shape(spec: str, vocab_size: int | None = None) -> ModelShape:
+    """A config.json path (or a folder holding one), a built-in hub-like name, a preset, or a cached hub config."""
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
+        spec = os.path.join(spec, "config.json")
+    if os.path.isfile(spec):
+        with open(spec) as f:
+            cfg = json.load(f)
+        if vocab_size:
+            cfg["vocab_size"] = vocab_size
+        return ModelShape.from_config(spec, cfg)
+    key = spec.lower().rstrip("/").split("/")[-1]
+    for suffix in ("-hf", "-instruct", "-chat"):
+        key = key.removesuffix(suffix)
+    key = ALIASES.get(key, key)
+    if key in BUILTIN_MODELS:
+        cfg = dict(BUILTIN_MODELS[key], **({"vocab_size": vocab_size} if vocab_size else {}))
+        return ModelShape.from_config(key, cfg)
+    from .models import PRESETS
+
+    if spec in PRESETS:
+        model_type, overrides = PRESETS[spec]
+        cfg = dict(overrides, model_type=model_type, vocab_size=vocab_size or 32000)
+        return ModelShape.from_config(spec, cfg)
+    try:  # a hub config already in the local cache (never downloads)
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(spec, local_files_only=True).to_dict()
+        return ModelShape.from_config(spec, cfg)
+    except Exception:
+        pass
+    raise ValueError(
+        f"unknown model {spec!r}: give a config.json path, one of {sorted(BUILTIN_MODELS)} or a preset "
+        f"{sorted(PRESETS)} (no hub downloads)"
+    )
+
+
+@dataclass(frozen=True)
+class MemOption:
+    name: str
+    checkpointing: str  # "full" (layer inputs on GPU) or "offload" (pinned host)
+    tiled_mlp: bool
+    chunked_loss: bool
+
+
+OPTIONS = (
+    MemOption("full", "full", False, False),
+    MemOption("offload", "offload", False, False),
+    MemOption("offload+tiled", "offload", True, False),
+    MemOption("offload+tiled+chunked", "offload", True, True),
+)
+OPTION_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def config_name(checkpointing: str, tiled_mlp: bool, chunked_loss: bool) -> str:
+    return checkpointing + ("+tiled" if tiled_mlp else "") + ("+chunked" if chunked_loss else "")
+
+
+def allowed_configs(option: MemOption) -> list[MemOption]:
+    """The concrete configurations a memory option set allows, the full set first.
+
+    Each feature of the set may be left off (offloaded checkpoints cost host memory and a staging copy, tiled MLP
+    fp32 weight-grad accumulators, chunked loss an fp32 LM-head gradient): at a short local length the feature
+    can cost more than it saves, and a user would not turn it on. So the prediction of a set is the best of its
+    subsets, and the summary never gets worse from left to right."""
+    ckpts = [option.checkpointing] + (["full"] if option.checkpointing == "offload" else [])
+    tiles = [option.tiled_mlp] + ([False] if option.tiled_mlp else [])
+    chunks = [option.chunked_loss] + ([False] if option.chunked_loss else [])
+    return [MemOption(config_name(c, t, ch), c, t, ch) for c in ckpts for t in tiles for ch in chunks]
+
+
+def parse_config(name: str) -> MemOption:
+    """ "offload+tiled+chunked" -> a concrete MemOption (checkpointing full|offload, then +tiled, +chunked)."""
+    ckpt, *features = name.split("+")
+    if ckpt not in ("full", "offload") or set(features) - {"tiled", "chunked"}:
+        raise ValueError(f"bad memory configuration {name!r}: full|offload, then optional +tiled, +chunked")
+    return MemOption(config_name(ckpt, "tiled" in features, "chunked" in features), ckpt, "tiled" in features,
+                     "chunked" in features)  # fmt: skip
+
+
+@dataclass
+class Setup:
+    gpus: int
+    gpu_mem: float
+    host_mem: float
+    gpus_per_node: int | None = None
+    sp_size: int | None = None  # W; default all GPUs
+    optim: str = "zero3_offload"
+    mlp_tiles: int | None = None  # None: tiles of h tokens (ALST); else a fixed tile count
+    loss_chunk: int = LOSS_CHUNK
+    frag: float = 0.10
+    cuda_reserve: float = 1.5 * GB
+    nccl_reserve: float = 0.5 * GB
+    host_reserve: float = 3 * GB  # per process
+    pinned_pow2: bool = True
+    ring_degree: int | None = None  # usp_attn; None: the repo's default, else the next feasible
+
+    def __post_init__(self):
+        if self.optim not in OPTIMS:
+            raise ValueError(f"optim must be one of {OPTIMS}, got {self.optim!r}")
+        self.gpus_per_node = self.gpus_per_node or min(self.gpus, 8)
+        self.sp_size = self.sp_size or self.gpus
+        if self.gpus % self.sp_size:
+            raise ValueError(f"sp_size {self.sp_size} must divide the number of GPUs {self.gpus}")
+
+    @property
+    def procs_per_node(self) -> int:
+        return min(self.gpus, self.gpus_per_node)
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+@dataclass
+class Term:
+    """``fixed + per_token * s`` bytes, s = tokens on one rank."""
+
+    name: str
+    fixed: float = 0.0
+    per_token: float = 0.0
+
+    def at(self, s: float) -> float:
+        return self.fixed + self.per_token * s
+
+
+@dataclass
+class ModeLayout:
+    """How a mode lays the sequence out: W ranks hold s = S / shard tokens each; ring and Ulysses degrees."""
+
+    mode: str
+    shard: int  # S / s
+    ring: int  # ranks a K/V shard travels over (1: none)
+    ulysses: int  # all-to-all degree (1: none)
+    kv_rep: int  # K/V head replication before the all-to-all
+    multiple: int  # S must be a multiple of this
+    infeasible: str | None = None
+
+
+def _ulysses_check(heads: int, kv: int, u: int) -> tuple[int, str | None]:
+    if u == 1:
+        return 1, None
+    if heads % u:
+        return 1, f"{heads} query heads are not divisible by the Ulysses degree {u}"
+    if kv % u == 0:
+        return 1, None
+    if u % kv == 0:
+        return u // kv, None
+    return 1, f"{kv} K/V heads and the Ulysses degree {u} do not divide one another"
+
+
+def mode_layout(mode: str, shape: ModelShape, setup: Setup) -> ModeLayout:
+    from .registry import seq_multiple
+
+    w = setup.sp_size
+    if mode == "data_parallel":
+        return ModeLayout(mode, 1, 1, 1, 1, seq_multiple(mode, w))
+    if mode in ("zigzag_ring_attn", "dist_flash_attn"):
+        return ModeLayout(mode, w, w, 1, 1, seq_multiple(mode, w))
+    if mode == "ulysses_attn":
+        rep, why = _ulysses_check(shape.heads, shape.kv_heads, w)
+        return ModeLayout(mode, w, 1, w, rep, seq_multiple(mode, w), f"ulysses_attn: {why}" if why else None)
+    if mode == "usp_attn":
+        from .usp_attn import default_ring_degree
+
+        if setup.ring_degree is not None:
+            candidates = [setup.ring_degree]
+        else:  # the repo's default (2 when W is even), else the smallest ring degree the heads allow
+            first = default_ring_degree(w)
+            candidates = [first] + [r for r in range(1, w + 1) if w % r == 0 and r != first]
+        why = None
+        for r in candidates:
+            if w % r:
+                why = f"ring_degree {r} does not divide the SP size {w}"
+                continue
+            rep, why = _ulysses_check(shape.heads, shape.kv_heads, w // r)
+            if why is None:
+                return ModeLayout(mode, w, r, w // r, rep, seq_multiple(mode, w, ring_degree=r))
+        return ModeLayout(mode, w, 1, 1, 1, 1, f"usp_attn: {why}")
+    raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+
+
+@dataclass
+class Budget:
+    """All terms of one (mode, option): GPU persistent + phases, host; evaluate with :meth:`at`."""
+
+    layout: ModeLayout
+    option: MemOption
+    gpu_reserve: list[Term]  # outside the caching allocator (not fragmented)
+    gpu_persistent: list[Term]
+    phases: dict[str, list[Term]]
+    host: list[Term]
+    frag: float
+    pinned_pow2_tensors: int = 0  # host checkpoint tensors of s*h*2 B each (power-of-two rounded)
+    pinned_tensor_per_token: float = 0.0
+
+    def gpu_phase_totals(self, s: float) -> dict[str, float]:
+        base = sum(t.at(s) for t in self.gpu_persistent)
+        reserve = sum(t.at(s) for t in self.gpu_reserve)
+        return {p: reserve + (1 + self.frag) * (base + sum(t.at(s) for t in terms)) for p, terms in self.phases.items()}
+
+    def host_components(self, s: float) -> list[tuple[str, float]]:
+        out = []
+        for t in self.host:
+            b = t.at(s)
+            if t.name.startswith("offloaded checkpoints") and self.pinned_pow2_tensors and s > 0:
+                per = self.pinned_tensor_per_token * s
+                b = self.pinned_pow2_tensors * 2 ** math.ceil(math.log2(per))
+            out.append((t.name, b))
+        return out
+
+    def at(self, seq: int) -> dict:
+        """The breakdown at full sequence length ``seq``: GPU components of the peak phase, host components."""
+        s = seq / self.layout.shard
+        totals = self.gpu_phase_totals(s)
+        peak = max(totals, key=totals.get)
+        comps = [(t.name, t.at(s)) for t in self.gpu_persistent] + [(t.name, t.at(s)) for t in self.phases[peak]]
+        alloc = sum(b for _, b in comps)
+        comps.append((f"allocator fragmentation ({self.frag:.0%})", self.frag * alloc))
+        comps += [(t.name, t.at(s)) for t in self.gpu_reserve]
+        host = self.host_components(s)
+        return dict(
+            seq=seq,
+            local_tokens=s,
+            peak_phase=peak,
+            phase_totals=totals,
+            gpu=comps,
+            gpu_total=sum(b for _, b in comps),
+            host=host,
+            host_total=sum(b for _, b in host),
+        )
+
+
+def build_budget(shape: ModelShape, setup: Setup, mode: str, option: MemOption) -> Budget:
+    """The terms of one step for ``mode`` and ``option`` (see the module docstring for what each one counts)."""
+    lay = mode_layout(mode, shape, setup)
+    h, L, i, V, d = shape.hidden, shape.layers, shape.intermediate, shape.vocab, shape.head_dim
+    A, Q, K, M = 2 * h, 2 * shape.qd, 2 * shape.kvd, 2 * i
+    LSE, Qf = 4 * shape.heads, 4 * shape.qd
+    Kr = lay.kv_rep * K
+    P, N, G = shape.params, setup.gpus, setup.procs_per_node
+    gather = setup.optim != "ddp"
+    offload = option.checkpointing == "offload"
+    ring = lay.mode in ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
+    uly = lay.ulysses > 1
+
+    reserve = [Term("CUDA context + cuBLAS/cuDNN workspaces", setup.cuda_reserve)]
+    if setup.gpus > 1:
+        reserve.append(Term("NCCL communicator buffers", setup.nccl_reserve))
+
+    # model states on the GPU
+    pers: list[Term] = []
+    if setup.optim == "ddp":
+        pers += [Term("bf16 params (2P, replicated)", 2 * P), Term("bf16 grads (2P, replicated)", 2 * P),
+                 Term("fp32 master + Adam m, v (12P, replicated)", 12 * P)]  # fmt: skip
+    else:
+        small = L * shape.small_params_per_layer + h
+        pers += [
+            Term("ZeRO-3 persistent small params (norms, biases)", 2 * small),
+            Term("ZeRO-3 gathered params live (2 B x min(1e9, layer params))",
+                 2 * min(MAX_LIVE_PARAMETERS, L * shape.layer_params)),
+            Term("ZeRO-3 reduce bucket (h^2 bf16)", 2 * h * h),
+        ]  # fmt: skip
+        if setup.optim in ("zero3_offload_optimizer", "zero3"):
+            pers.append(Term("bf16 param partition (2P/N)", 2 * P / N))
+        if setup.optim == "zero3":
+            pers += [Term("bf16 grad partition (2P/N)", 2 * P / N),
+                     Term("fp32 master + Adam m, v (12P/N)", 12 * P / N)]  # fmt: skip
+    pers.append(Term("input ids, labels, position ids (int64)", per_token=24))
+    pers.append(Term("RoPE cos/sin (bf16)", per_token=4 * d))
+    if offload:
+        pers.append(Term("checkpoint staging (one layer input on GPU)", per_token=A))
+    else:
+        pers.append(Term(f"layer-input checkpoints on GPU (L={L} x s x h x 2 B)", per_token=L * A))
+
+    layer_grads = [Term("layer bf16 param grads before reduce-scatter", 2 * shape.layer_params)] if gather else []
+    x_dev = [Term("layer input x back on GPU", per_token=A)] if offload else []
+    if uly:
+        attn_saved = Term(
+            "attention saved: q', k', v', out' (all-to-all copies), out, lse", per_token=3 * Q + 2 * Kr + LSE
+        )
+    else:
+        attn_saved = Term("attention saved: q, k, v, out, lse", per_token=2 * Q + 2 * K + LSE)
+
+    # attn fwd (recompute)
+    norm1 = [Term("input norm saved: fp32 x copy + bf16 x_hat + fp32 rstd", per_token=3 * A + 4),
+             Term("n1 = input norm output", per_token=A)]  # fmt: skip
+    fwd = x_dev + norm1 + [Term("dy (grad from the layer above)", per_token=A), Term("q, k, v", per_token=Q + 2 * K)]
+    if uly:
+        fwd.append(Term("Ulysses all-to-all copies q', k', v'", per_token=Q + 2 * Kr))
+        if lay.kv_rep > 1:
+            fwd.append(Term(f"K/V replicated x{lay.kv_rep} before all-to-all", per_token=2 * Kr))
+    if ring:
+        fwd.append(Term("ring: stacked K/V copy", per_token=2 * Kr))
+        if lay.ring > 1:
+            fwd.append(Term("ring: K/V in flight", per_token=2 * Kr))
+        fwd.append(Term("ring: fp32 out + lse accumulators", per_token=Qf + LSE))
+        fwd.append(Term("ring: one block's kernel out + lse", per_token=Q + LSE))
+        if lay.mode == "dist_flash_attn" and lay.ring > 1:
+            fwd.append(Term("dist_flash: borrowed q + helper's fp32 partial out, lse", per_token=Q + Qf + LSE))
+    else:
+        fwd.append(Term("kernel out + lse", per_token=Q + LSE))
+
+    common = x_dev + norm1 + [attn_saved]
+    # mlp bwd
+    mlp = common + [Term("dy (grad from the layer above)", per_token=A),
+                    Term("post norm saved: fp32 h1 copy + bf16 h1_hat + fp32 rstd", per_token=3 * A + 4),
+                    Term("n2 = post norm output", per_token=A)]  # fmt: skip
+    if option.tiled_mlp:
+        if setup.mlp_tiles:
+            mlp.append(Term(f"MLP: 6 x (s/{setup.mlp_tiles}) x i x 2 B (one tile)", per_token=6 * M / setup.mlp_tiles))
+        else:
+            mlp.append(Term("MLP: 6 x tile x i x 2 B (tile = h tokens)", 6 * M * h))
+        mlp.append(Term("tiled MLP fp32 weight-grad accumulators (3 h i x 4 B)", 12 * h * i))
+    else:
+        mlp.append(Term("MLP: 6 x s x i x 2 B (gate, up, silu, prod + 2 grads)", per_token=6 * M))
+    mlp += layer_grads
+
+    # attn bwd
+    bwd = common + [Term("d h1 + d x being accumulated", per_token=2 * A), Term("d out", per_token=Q)]
+    if uly:
+        bwd.append(Term("Ulysses: exchanged d out' + dq, dk, dv exchanged back", per_token=2 * Q + 2 * Kr))
+    if ring:
+        bwd.append(Term("ring: stacked K/V copy" + (" + in flight" if lay.ring > 1 else ""),
+                        per_token=2 * Kr * (2 if lay.ring > 1 else 1)))  # fmt: skip
+        bwd.append(Term("ring: fp32 dq accumulator", per_token=Qf))
+        bwd.append(Term("ring: fp32 dK/dV travelling" + (" + in flight" if lay.ring > 1 else ""),
+                        per_token=4 * Kr * (2 if lay.ring > 1 else 1)))  # fmt: skip
+        bwd.append(Term("one block's kernel dq, dk, dv", per_token=Q + 2 * Kr))
+        if lay.mode == "dist_flash_attn" and lay.ring > 1:
+            bwd.append(Term("dist_flash: borrowed q, dout, out, lse + fp32 partial dq", per_token=3 * Q + LSE + Qf))
+    else:
+        bwd.append(Term("kernel dq, dk, dv", per_token=Q + 2 * Kr))
+    bwd.append(Term("kernel workspace (fp32 dq accum + delta)", per_token=Qf + LSE))
+    bwd += layer_grads
+
+    # loss
+    loss = [Term("last layer output + final norm output", per_token=2 * A), Term("d hidden", per_token=A)]
+    if option.chunked_loss:
+        loss.append(Term(f"chunked CE: 3 x {setup.loss_chunk} x V fp32 buffers", 3 * setup.loss_chunk * V * 4))
+        loss.append(Term("chunked CE: fp32 lse, int64 target, valid", per_token=13))
+        loss.append(Term("chunked CE: fp32 LM-head grad + bf16 cast", 6 * V * h if gather else 4 * V * h))
+    else:
+        loss.append(Term("plain logits: bf16 + fp32 upcast + fp32 log-softmax", per_token=10 * V))
+        if gather:
+            loss.append(Term("LM head bf16 grad", 2 * V * h))
+    if gather:
+        loss.append(Term("LM head gathered (bf16)", 2 * V * h))
+    emb = [Term("d embeddings output", per_token=A)]
+    if gather:
+        emb.append(Term("embedding gathered + bf16 grad", 4 * V * h))
+
+    phases = {"attn fwd": fwd, "mlp bwd": mlp, "attn bwd": bwd, "loss": loss, "embedding bwd": emb}
+    if setup.optim == "zero3":
+        phases["optimizer step"] = [Term("fp32 grad of one sub-group", 4 * min(P / N, SUB_GROUP_SIZE))]
+    elif setup.optim == "ddp":
+        phases["optimizer step"] = [Term("foreach AdamW fp32 temporaries (~4P)", 4 * P)]
+    else:
+        phases["optimizer step"] = []
+
+    # host, per node
+    host = [Term(f"runtime reserve ({G} processes)", G * setup.host_reserve)]
+    share = G / N
+    if setup.optim in ("zero3_offload", "zero3_offload_optimizer"):
+        host.append(Term("fp32 master + Adam m, v (12 B/param, node share)", 12 * P * share))
+        host.append(Term("fp32 grad partition for CPU Adam (4 B/param)", 4 * P * share))
+    if setup.optim == "zero3_offload":
+        host.append(Term("bf16 param partition (2 B/param)", 2 * P * share))
+    pow2_tensors = 0
+    if offload:
+        host.append(Term(f"offloaded checkpoints, pinned ({G} proc x L={L} x s x h x 2 B)", per_token=G * L * A))
+        pow2_tensors = G * L if setup.pinned_pow2 else 0
+    return Budget(lay, option, reserve, pers, phases, host, setup.frag, pow2_tensors, A)
+
+
+# ---------------------------------------------------------------------------------------------------- the solve
+@dataclass
+class Prediction:
+    mode: str
+    option: str
+    max_seq: int
+    limited_by: str  # "gpu:<phase>", "host", or "infeasible"
+    reason: str | None = None
+    local_tokens: int = 0
+    ring_degree: int | None = None
+    config: str = ""  # the concrete configuration reaching max_seq (a subset of the option's features)
+
+
+def _fits_host(b: Budget, seq: int, host_mem: float) -> bool:
+    return sum(x for _, x in b.host_components(seq / b.layout.shard)) <= host_mem
+
+
+def predict(shape: ModelShape, setup: Setup, mode: str, option: MemOption) -> Prediction:
+    """Longest S with GPU bytes <= gpu_mem on every phase and host bytes <= host_mem (see the module docstring)."""
+    b = build_budget(shape, setup, mode, option)
+    lay = b.layout
+    rd = lay.ring if mode == "usp_attn" else None
+    if lay.infeasible:
+        return Prediction(mode, option.name, 0, "infeasible", lay.infeasible, ring_degree=rd)
+    usable = (setup.gpu_mem - sum(t.fixed for t in b.gpu_reserve)) / (1 + b.frag)
+    pf = sum(t.fixed for t in b.gpu_persistent)
+    pt = sum(t.per_token for t in b.gpu_persistent)
+    limits: dict[str, float] = {}
+    for name, terms in b.phases.items():
+        fixed, slope = pf + sum(t.fixed for t in terms), pt + sum(t.per_token for t in terms)
+        if fixed > usable:
+            limits[f"gpu:{name}"] = -1.0
+        elif slope > 0:
+            limits[f"gpu:{name}"] = (usable - fixed) / slope
+    hf = sum(t.fixed for t in b.host)
+    hs = sum(t.per_token for t in b.host)
+    if hf > setup.host_mem:
+        limits["host"] = -1.0
+    elif hs > 0:
+        limits["host"] = (setup.host_mem - hf) / hs
+    bound = min(limits, key=limits.get)
+    if limits[bound] < 0:
+        what = "GPU" if bound.startswith("gpu") else "host"
+        return Prediction(mode, option.name, 0, "infeasible", f"model states alone exceed {what} memory ({bound})",
+                          ring_degree=rd)  # fmt: skip
+    step = math.lcm(lay.multiple, ROUND_TOKENS)
+    k = int(limits[bound] * lay.shard // step)
+    if b.pinned_pow2_tensors and k > 0 and not _fits_host(b, k * step, setup.host_mem):
+        lo, hi = 0, k  # power-of-two rounding of pinned blocks: largest k that fits (monotone)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if _fits_host(b, mid * step, setup.host_mem) else (lo, mid - 1)
+        k, bound = lo, "host"
+    seq = k * step
+    return Prediction(mode, option.name, seq, bound, None if seq else "less than one rounding step fits",
+                      local_tokens=seq // lay.shard, ring_degree=rd, config=option.name)  # fmt: skip
+
+
+def best_prediction(shape: ModelShape, setup: Setup, mode: str, option: MemOption) -> Prediction:
+    """The longest S over the configurations ``option`` allows (:func:`allowed_configs`); ties keep the full set."""
+    best = None
+    for cfg in allowed_configs(option):
+        p = predict(shape, setup, mode, cfg)
+        if best is None or p.max_seq > best.max_seq:
+            best = p
+    best.config, best.option = best.option, option.name
+    return best
+
+
+def plan(shape: ModelShape, setup: Setup, modes=MODES, options=OPTIONS) -> list[Prediction]:
+    """One :class:`Prediction` per mode x memory option set."""
+    return [best_prediction(shape, setup, m, o) for m in modes for o in options]
+
+
+# ---------------------------------------------------------------------------------------------------- anchors
+ANCHORS = (
+    # (label, model, gpus, gpu_mem, host_mem, mode, option, published S)
+    ("ALST Llama-3-8B 1x H100-80GB", "llama-3-8b", 1, "80GiB", "1TB", "data_parallel", "offload+tiled+chunked",
+     500_000),
+    ("ALST Llama-3-8B 1x H200", "llama-3-8b", 1, "141GB", "2TB", "data_parallel", "offload+tiled+chunked",
+     1_200_000),
+    ("ALST Llama-3-8B 8x H100-80GB", "llama-3-8b", 8, "80GiB", "2TB", "ulysses_attn", "offload+tiled+chunked",
+     3_700_000),
+    ("EasyContext Llama-2-7B 8x A100-80GB", "llama-2-7b", 8, "80GiB", "1TB", "zigzag_ring_attn", "offload", 700_000),
+)  # fmt: skip
+
+
+def anchors() -> list[dict]:
+    out = []
+    for label, model, gpus, gmem, hmem, mode, opt, published in ANCHORS:
+        setup = Setup(gpus=gpus, gpu_mem=parse_size(gmem), host_mem=parse_size(hmem))
+        p = best_prediction(load_model_shape(model), setup, mode, OPTION_BY_NAME[opt])
+        out.append(dict(label=label, mode=mode, option=opt, gpu_mem=gmem, host_mem=hmem, published=published,
+                        predicted=p.max_seq, limited_by=p.limited_by, config=p.config))  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def _gb(x: float) -> str:
+    return f"{x / GB:,.2f}"
+
+
+def _tok(n: int) -> str:
+    return f"{n:,}" if n else "-"
+
+
+def format_breakdown(shape: ModelShape, setup: Setup, budget: Budget, seq: int) -> str:
+    r = budget.at(seq)
+    lay = budget.layout
+    lines = [
+        f"Byte budget per GPU at S = {seq:,} tokens ({lay.mode}, {budget.option.name}, {setup.optim}; "
+        f"{r['local_tokens']:,.0f} tokens per rank)",
+        f"  GPU, peak phase = {r['peak_phase']!r} (GB):",
+    ]
+    width = max(len(n) for n, _ in r["gpu"] + r["host"]) + 2
+    lines += [f"    {n:<{width}}{_gb(b):>10}" for n, b in r["gpu"]]
+    lines.append(f"    {'TOTAL (peak)':<{width}}{_gb(r['gpu_total']):>10}   of {_gb(setup.gpu_mem)}")
+    others = ", ".join(f"{p} {_gb(t)}" for p, t in r["phase_totals"].items())
+    lines.append(f"    phase totals: {others}")
+    lines.append(f"  host per node ({setup.procs_per_node} processes) (GB):")
+    lines += [f"    {n:<{width}}{_gb(b):>10}" for n, b in r["host"]]
+    lines.append(f"    {'TOTAL':<{width}}{_gb(r['host_total']):>10}   of {_gb(setup.host_mem)}")
+    return "\n".join(lines)
+
+
+def format_summary(preds: list[Prediction], setup: Setup) -> str:
+    modes = list(dict.fromkeys(p.mode for p in preds))
+    opts = list(dict.fromkeys(p.option for p in preds))
+    by = {(p.mode, p.option): p for p in preds}
+    w0 = max(len(m) for m in modes) + 8
+    cols = [max(len(o), 16) for o in opts]
+    head = f"{'max S (tokens)':<{w0}}" + "".join(f"{o:>{c + 2}}" for o, c in zip(opts, cols))
+    lines = [head, "-" * len(head)]
+    notes = []
+    for m in modes:
+        label = m
+        rd = by[(m, opts[0])].ring_degree
+        if rd is not None and by[(m, opts[0])].limited_by != "infeasible":
+            label = f"{m} (R={rd})"
+        cells = []
+        for o, c in zip(opts, cols):
+            p = by[(m, o)]
+            if p.limited_by == "infeasible":
+                cells.append(f"{'infeasible':>{c + 2}}")
+                if p.reason not in notes:
+                    notes.append(p.reason)
+            else:
+                tag = ("h" if p.limited_by == "host" else "g") + ("*" if p.config != p.option else " ")
+                cells.append(f"{_tok(p.max_seq) + ' ' + tag:>{c + 2}}")
+        lines.append(f"{label:<{w0}}" + "".join(cells))
+    lines.append("g = bounded by GPU memory, h = by host memory; S rounded down to lcm(seq_multiple, 1024)")
+    lines.append("* = reached with a subset of the option's features (the others cost more than they save here)")
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m easy_context.plan",
+        description="Predict the byte budget and longest trainable context per SP mode and memory option.",
+        epilog="Assumptions: see `python -c 'import easy_context.plan as p; help(p)'`.",
+    )
+    ap.add_argument("--model", required=True, help="config.json path, built-in name (llama-3-8b, ...) or preset")
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
+    ap.add_argument("--host-mem", default="1TB", help="per node")
+    ap.add_argument("--gpus-per-node", type=int, default=None, help="default min(gpus, 8)")
+    ap.add_argument("--sp", nargs="+", default=list(MODES), choices=MODES, metavar="MODE", help=f"{MODES}")
+    ap.add_argument("--sp-size", type=int, default=None, help="SP group size W (default all GPUs)")
+    ap.add_argument("--ring-degree", type=int, default=None, help="usp_attn ring degree (default: repo default)")
+    ap.add_argument("--optim", default="zero3_offload", choices=OPTIMS)
+    ap.add_argument("--options", nargs="+", default=[o.name for o in OPTIONS], choices=[o.name for o in OPTIONS])
+    ap.add_argument("--mlp-tiles", default="auto", help="tiled MLP tile count, or 'auto' (tiles of h tokens)")
+    ap.add_argument("--loss-chunk", type=int, default=LOSS_CHUNK)
+    ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
+    ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")
+    ap.add_argument("--cuda-reserve", default="1.5GB")
+    ap.add_argument("--host-reserve", default="3GB", help="host runtime per process")
+    ap.add_argument("--no-pinned-pow2", action="store_true", help="pinned blocks not rounded to powers of two")
+    ap.add_argument("--seq", type=int, default=None, help="S for the breakdown (default: max of the best option)")
+    ap.add_argument(
+        "--show", default=None, metavar="MODE:CONFIG", help="breakdown for e.g. zigzag_ring_attn:offload+tiled"
+    )
+    ap.add_argument("--anchors", action="store_true", help="also print the published anchors vs predictions")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    shape = load_model_shape(args.model, args.vocab_size)
+    setup = Setup(
+        gpus=args.gpus,
+        gpu_mem=parse_size(args.gpu_mem),
+        host_mem=parse_size(args.host_mem),
+        gpus_per_node=args.gpus_per_node,
+        sp_size=args.sp_size,
+        optim=args.optim,
+        mlp_tiles=None if args.mlp_tiles == "auto" else int(args.mlp_tiles),
+        loss_chunk=args.loss_chunk,
+        frag=args.frag,
+        cuda_reserve=parse_size(args.cuda_reserve),
+        host_reserve=parse_size(args.host_reserve),
+        pinned_pow2=not args.no_pinned_pow2,
+        ring_degree=args.ring_degree,
+    )
+    options = [OPTION_BY_NAME[o] for o in args.options]
+    preds = plan(shape, setup, args.sp, options)
+    if args.show:  # a mode and a concrete configuration (e.g. zigzag_ring_attn:offload+tiled)
+        mode, _, cfg = args.show.partition(":")
+        if mode not in MODES:
+            ap.error(f"--show: unknown mode {mode!r}")
+        chosen = predict(shape, setup, mode, parse_config(cfg or "offload+tiled+chunked"))
+    else:  # the longest prediction (first mode in MODES order on ties)
+        chosen = max(preds, key=lambda p: (p.max_seq, -MODES.index(p.mode)))
+    budget = build_budget(shape, setup, chosen.mode, parse_config(chosen.config))
+    seq = args.seq if args.seq is not None else chosen.max_seq
+    if seq <= 0:
+        seq = math.lcm(budget.layout.multiple, ROUND_TOKENS)
+
+    if args.json:
+        r = budget.at(seq)
+        out = dict(
+            model=dict(asdict(shape), params=shape.params, layer_params=shape.layer_params),
+            setup=asdict(setup),
+            predictions=[asdict(p) for p in preds],
+            breakdown=dict(mode=chosen.mode, config=chosen.config, seq=seq, local_tokens=r["local_tokens"],
+                           peak_phase=r["peak_phase"], phase_totals=r["phase_totals"],
+                           gpu={n: b for n, b in r["gpu"]}, gpu_total=r["gpu_total"],
+                           host={n: b for n, b in r["host"]}, host_total=r["host_total"]),
+        )  # fmt: skip
+        if args.anchors:
+            out["anchors"] = anchors()
+        json.dump(out, sys.stdout, indent=2)
+        print()
+        return 0
+
+    print(
+        f"{shape.name}: {shape.params / 1e9:.2f}B params (h={shape.hidden}, L={shape.layers}, heads={shape.heads}/"
+        f"{shape.kv_heads} kv, head_dim={shape.head_dim}, i={shape.intermediate}, V={shape.vocab}); {setup.gpus} GPU "
+        f"x {_gb(setup.gpu_mem)} GB, host {_gb(setup.host_mem)} GB/node ({setup.procs_per_node} GPUs/node), "
+        f"SP size {setup.sp_size}, {setup.optim}"
+    )
+    print()
+    print(format_breakdown(shape, setup, budget, seq))
+    print()
+    print(format_summary(preds, setup))
+    if args.anchors:
+        print()
+        print("Published anchors vs this model (not fitted):")
+        for a in anchors():
+            print(f"  {a['label']:<38} {a['mode']:<17} {a['option']:<22} published {a['published']:>10,}  "
+                  f"predicted {a['predicted']:>10,} ({a['limited_by']})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
