@@ -274,3 +274,23 @@ def test_global_loss_without_torch_distributed():
     assert rel_err(global_mean_for_logging(loss_sum, count), expected) < 1e-6
     zero = global_mean_loss(loss_sum * 0, 0)
     assert zero.item() == 0
+
+
+def test_lm_head_loss_modes_and_missing_flash_attn():
+    """The LM head keeps acting as the head (logits) and its loss equals plain CE; --loss flash_attn without
+    the package fails with an error naming it."""
+    from easy_context.loss import CausalLMWithLoss
+    from tests.models import tiny_model
+
+    model = tiny_model("qwen2")
+    ids = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(16).expand(2, 16)
+    logits = model(ids[:, :-1], position_ids=pos).logits
+    wrapped = CausalLMWithLoss(model)
+    loss_sum, n = wrapped(ids[:, :-1], pos, ids[:, 1:])
+    ref = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
+    assert n == 32 and torch.allclose(loss_sum, ref, rtol=1e-5)
+    assert torch.allclose(model(ids[:, :-1], position_ids=pos).logits, logits)  # still a normal HF model
+    if importlib.util.find_spec("flash_attn") is None:
+        with pytest.raises(ImportError, match="flash-attn"):
+            CausalLMWithLoss(tiny_model("llama"), impl="flash_attn")(ids[:, :-1], pos, ids[:, 1:])
