@@ -26,7 +26,7 @@ from easy_context.eval.haystack import Haystack, read_haystack_text
 from easy_context.eval.needle import context_lengths, depth_percents, make_case
 from easy_context.eval.plots import needle_heatmap
 from easy_context.eval.results import cell_scores, write_csv, write_json
-from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model, position_warning, resolve_dtype
+from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.models import PRESETS
@@ -68,15 +68,7 @@ def main(argv=None) -> None:
         text = read_haystack_text(args.haystack_dir)
         runtime = init_runtime(args.parallel_mode, args.ring_degree)
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
-        model = load_eval_model(
-            args.model,
-            runtime,
-            len(tokenizer),
-            resolve_dtype(args.dtype, runtime.device),
-            args.kernel,
-            args.rope_theta,
-            args.seed,
-        )
+        model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args)
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     haystack = Haystack.from_text(text, tokenizer)

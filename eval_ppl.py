@@ -24,7 +24,7 @@ from easy_context.data import load_documents, load_tokenizer
 from easy_context.eval.haystack import FETCH_HINT
 from easy_context.eval.perplexity import perplexity_at, ppl_lengths, select_documents, tokenize_documents
 from easy_context.eval.results import write_csv
-from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model, position_warning, resolve_dtype
+from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.loss import CausalLMWithLoss
 from easy_context.models import PRESETS
@@ -107,15 +107,7 @@ def main(argv=None) -> None:
     rows = []
     for name in args.model:
         try:
-            model = load_eval_model(
-                name,
-                runtime,
-                len(tokenizer),
-                resolve_dtype(args.dtype, runtime.device),
-                args.kernel,
-                args.rope_theta,
-                args.seed,
-            )
+            model = load_eval_model_from_args(name, runtime, len(tokenizer), args)
         except (OSError, RuntimeError, ValueError) as exc:
             sys.exit(f"error: {exc}")
         scorer = CausalLMWithLoss(model)

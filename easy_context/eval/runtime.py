@@ -209,3 +209,9 @@ def add_runtime_args(parser) -> None:
         help="auto: bfloat16 on CUDA, float32 on CPU",
     )
     parser.add_argument("--seed", type=int, default=0, help="needle numbers; weights of preset (random-init) models")
+
+
+def load_eval_model_from_args(name: str, runtime: EvalRuntime, vocab_size: int, args):
+    """:func:`load_eval_model` with the options :func:`add_runtime_args` defines (dtype, kernel, rope_theta, seed)."""
+    dtype = resolve_dtype(args.dtype, runtime.device)
+    return load_eval_model(name, runtime, vocab_size, dtype, args.kernel, args.rope_theta, args.seed)
