@@ -9,6 +9,7 @@ name that cannot run raises an error saying what to install or choose instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import torch
@@ -34,7 +35,11 @@ def _device_key(device: torch.device) -> str:
     """'cpu' or 'cuda:<index> <name>' so different GPUs in one process are probed separately."""
     if device.type != "cuda":
         return device.type
-    index = torch.cuda.current_device() if device.index is None else device.index
+    return _cuda_key(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _cuda_key(index: int) -> str:  # called on every attention call: no driver query after the first
     return f"cuda:{index} {torch.cuda.get_device_name(index)}"
 
 
