@@ -35,16 +35,21 @@ from easy_context.loss import (
     global_mean_for_logging,
     global_mean_loss,
 )
-from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
+from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
-from easy_context.models import PRESETS, load_model
+from easy_context.models import PRESETS, is_random_init, load_model
 from easy_context.optim import build_optimizer
 from easy_context.train_state import EpochShuffleSampler, load_training_state, save_hf_checkpoint, save_training_state
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help=f"hub id, local path, or a preset: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--model",
+        required=True,
+        help=f"hub id, local path, a preset ({', '.join(PRESETS)}) or shape:<name> (random-init "
+        "full-size architecture, e.g. shape:llama-2-7b, vocab from --tokenizer)",
+    )
     p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
     p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name")
     p.add_argument("--output-dir", required=True)
@@ -62,7 +67,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
     p.add_argument("--sp-size", type=int, default=None, help="ranks per sequence (DP x SP); default all")
     p.add_argument("--kernel", default="auto", choices=KERNEL_NAMES)
-    p.add_argument("--checkpointing", default="full", choices=["none", "full", "offload"])
+    p.add_argument(
+        "--checkpointing",
+        default="full",
+        choices=list(CHECKPOINT_MODES),
+        help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
+    )
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
     p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -86,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--tracker {args.tracker} needs the {modules[0]} package: pip install {modules[0]}")
         if args.tracker == "wandb" and "WANDB_API_KEY" not in os.environ:
             os.environ.setdefault("WANDB_MODE", "offline")  # offline-safe: runs sync later with `wandb sync`
-    if args.model in PRESETS and not args.tokenizer:
+    if is_random_init(args.model) and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
     if args.parallel_mode not in ec.SEQ_ALGOS:
         p.error(f"unknown --parallel_mode {args.parallel_mode!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
@@ -142,8 +152,7 @@ def main(argv=None) -> None:
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     check_layout(args, sp_size, model.config)
     ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=args.kernel, **opts)
-    if args.checkpointing != "none":  # per decoder layer; "offload" keeps each layer's input in host memory
-        enable_offloaded_checkpointing(model, offload=args.checkpointing == "offload")
+    apply_checkpointing(model, args.checkpointing)  # per decoder layer
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     train_model = CausalLMWithLoss(model, impl=args.loss)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .attn_checkpoint import forward_or_replay
 from .kernels import AttnKernel
 
 
@@ -12,7 +13,8 @@ class LocalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, kernel: AttnKernel, scale: float, causal: bool):
-        out, lse = kernel.forward(q, k, v, causal, scale)
+        # inside a checkpoint_after_attention layer the recompute replays the recorded (out, lse)
+        out, lse = forward_or_replay("local", q, lambda: kernel.forward(q, k, v, causal, scale))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.kernel, ctx.scale, ctx.causal = kernel, scale, causal
         return out

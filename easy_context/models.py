@@ -1,9 +1,15 @@
-"""Load the model to train: a hub id, a local path, or a tiny random-init preset (offline demos and tests)."""
+"""Load the model to train: a hub id, a local path, a tiny random-init preset (offline demos and tests), or
+``shape:<name>``: a full-size published architecture (``shape:llama-2-7b``, ``shape:llama-3-8b``, ...) with
+random weights, for benchmarks (speed and memory do not depend on the weights)."""
 
 from __future__ import annotations
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from .plan import ALIASES, BUILTIN_MODELS
+
+SHAPE_PREFIX = "shape:"
 
 # name -> (model_type, config overrides); vocab_size comes from the tokenizer
 PRESETS: dict[str, tuple[str, dict]] = {
@@ -16,6 +22,24 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "tiny-qwen3": ("qwen3", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=32)),
 }  # fmt: skip
+
+
+def is_random_init(name: str) -> bool:
+    """Whether ``name`` builds random weights (a preset or ``shape:<name>``) rather than loading a checkpoint."""
+    return name in PRESETS or name.startswith(SHAPE_PREFIX)
+
+
+def shape_config(name: str, vocab_size: int | None = None) -> PretrainedConfig:
+    """The config of ``shape:<name>`` (one of ``easy_context.plan.BUILTIN_MODELS``), vocab as published unless given."""
+    key = name.removeprefix(SHAPE_PREFIX).lower()
+    key = ALIASES.get(key, key)
+    if key not in BUILTIN_MODELS:
+        raise ValueError(f"unknown model shape {name!r}; choose one of {[SHAPE_PREFIX + k for k in BUILTIN_MODELS]}")
+    overrides = dict(BUILTIN_MODELS[key])
+    model_type = overrides.pop("model_type")
+    if vocab_size is not None:
+        overrides["vocab_size"] = vocab_size
+    return AutoConfig.for_model(model_type, **overrides)
 
 
 def set_rope_theta(config: PretrainedConfig, theta: float) -> None:
@@ -47,6 +71,8 @@ def build_config(name_or_path: str, vocab_size: int | None = None, rope_theta: f
         if vocab_size is None:
             raise ValueError(f"preset {name_or_path!r} needs a vocab_size (from the tokenizer)")
         config = AutoConfig.for_model(model_type, vocab_size=vocab_size, **overrides)
+    elif name_or_path.startswith(SHAPE_PREFIX):
+        config = shape_config(name_or_path, vocab_size)
     else:
         config = AutoConfig.from_pretrained(name_or_path)
     if rope_theta is not None:
@@ -66,9 +92,10 @@ def load_model(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
 ) -> PreTrainedModel:
-    """A causal LM: preset names build random weights (seeded); anything else loads pretrained weights."""
+    """A causal LM: presets and ``shape:`` names build random weights (seeded, on the current default device, e.g.
+    inside ``with torch.device("cuda"):``); anything else loads pretrained weights."""
     config = build_config(name_or_path, vocab_size, rope_theta, max_position_embeddings)
-    if name_or_path in PRESETS:
+    if is_random_init(name_or_path):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:

@@ -131,6 +131,43 @@ def test_model_parity(model_type: str, mode: str, monkeypatch: pytest.MonkeyPatc
         assert log.unpacked == [((BATCH, SEQ, HIDDEN), torch.device("cpu"))] * LAYERS
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts calls of one aten op."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.calls = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is self.op
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_replay_attention_checkpointing(model_type: str, offload: bool) -> None:
+    """Checkpoint-after-attention through the HF layers: same loss and grads, one attention forward per layer."""
+    import easy_context as ec
+
+    if model_type not in _REFERENCE:
+        _REFERENCE[model_type] = _loss_and_grads(_model(model_type))
+    ref_loss, ref_grads = _REFERENCE[model_type]
+    fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    ec.kernels.get_kernel("cpu", "cpu", torch.float32, 16)  # its one-time probe call is not counted below
+    calls = {}
+    for replay in (False, True):
+        model = _model(model_type)
+        ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel="cpu")
+        enable_offloaded_checkpointing(model, offload=offload, replay_attention=replay)
+        with _OpCount(fwd_op) as count:
+            loss, grads = _loss_and_grads(model)
+        calls[replay] = count.calls
+        assert _rel_err(loss, ref_loss) < 1e-5
+        errs = {n: _rel_err(grads[n], ref_grads[n]) for n in ref_grads}
+        assert max(errs.values()) < 1e-5, sorted(errs.items(), key=lambda kv: -kv[1])[:3]
+    assert calls == {False: 2 * LAYERS, True: LAYERS}
+
+
 def test_hf_patch_scope(hf_patch: None) -> None:
     """The patch covers both HF entry points and is reverted cleanly; enabling without it stays plain."""
     import transformers.modeling_utils as modeling_utils

@@ -38,6 +38,8 @@ def attention_name(seq_algo: str, **options: Any) -> str:
 
 
 def _guard_inputs(seq_algo: str):
+    sharded = get_seq_algo(seq_algo).distributed
+
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         names = list(inspect.signature(module.forward).parameters)[: len(args)]
         positional = dict(zip(names, args))
@@ -51,13 +53,16 @@ def _guard_inputs(seq_algo: str):
         if "attention_mask" in positional:
             args = tuple(None if name == "attention_mask" else a for name, a in zip(names, args))
         kwargs.pop("attention_mask", None)
-        if kwargs.get("position_ids", positional.get("position_ids")) is None:
+        if sharded and kwargs.get("position_ids", positional.get("position_ids")) is None:
             raise ValueError(
                 f"{seq_algo}: pass position_ids: each rank holds a shard of the sequence and needs its global "
                 "positions (easy_context.prepare_seq_parallel_inputs returns local_position_ids)"
             )
         if kwargs.get("past_key_values", positional.get("past_key_values")) is not None:
-            raise NotImplementedError(f"{seq_algo}: KV caches are not supported with sequence parallelism")
+            raise NotImplementedError(
+                f"{seq_algo}: KV caches are not supported by easy_context attention (generate with the model's own "
+                "attention: model.set_attn_implementation('sdpa'))"
+            )
         if "use_cache" not in positional:
             kwargs["use_cache"] = False
         return args, kwargs
@@ -96,12 +101,14 @@ def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str,
     """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
 
     ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
-    leaves the model's own attention untouched. Returns the model (or None for a model-type string).
+    without a ``kernel`` leaves the model's own attention untouched; with one, the model attends through that
+    local kernel (and so supports checkpoint-after-attention). Returns the model (None for a model-type string).
     """
     algo = get_seq_algo(seq_algo)
     algo.attn_func(**options)  # validates the options now, not at the first forward
+    patches = algo.distributed or "kernel" in options
     if isinstance(model, str):
-        if algo.distributed:
+        if patches:
             _TYPE_PATCHES[model] = (seq_algo, dict(options))
             _patch_post_init()
         else:
@@ -109,6 +116,6 @@ def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str,
         return None
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"expected a transformers PreTrainedModel or a model-type string, got {type(model).__name__}")
-    if not algo.distributed:
+    if not patches:
         return model
     return _switch(model, seq_algo, dict(options))

@@ -12,7 +12,9 @@ or, EasyContext-style, ``apply_unsloth_offloaded_gradient_checkpoint_monkey_patc
 """
 
 from .offload_checkpoint import (
+    CHECKPOINT_MODES,
     HostCopy,
+    apply_checkpointing,
     apply_unsloth_offloaded_gradient_checkpoint_monkey_patch,
     enable_offloaded_checkpointing,
     offload_saved_tensors,
@@ -22,7 +24,9 @@ from .offload_checkpoint import (
 from .tiled_mlp import TiledMLPFunction, enable_tiled_mlp, tile_bounds, tile_mlp_module, tiled_mlp
 
 __all__ = [
+    "CHECKPOINT_MODES",
     "HostCopy",
+    "apply_checkpointing",
     "TiledMLPFunction",
     "apply_unsloth_offloaded_gradient_checkpoint_monkey_patch",
     "enable_offloaded_checkpointing",

@@ -49,6 +49,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..attn_checkpoint import AttnCache
+
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -118,20 +120,48 @@ def offloaded_checkpoint(
         return checkpoint(function, *args, use_reentrant=use_reentrant, **kwargs)
 
 
-def enable_offloaded_checkpointing(model: torch.nn.Module, *, offload: bool = True) -> torch.nn.Module:
+def _attn_replay_contexts():
+    return AttnCache().contexts()
+
+
+def enable_offloaded_checkpointing(
+    model: torch.nn.Module, *, offload: bool = True, replay_attention: bool = False
+) -> torch.nn.Module:
     """Checkpoint every decoder layer of the HF ``model`` with :func:`offloaded_checkpoint`; returns ``model``.
 
-    ``offload=False`` gives plain non-reentrant checkpointing through the same code path. As with HF's own
+    ``offload=False`` gives plain non-reentrant checkpointing through the same code path. With
+    ``replay_attention`` the recompute does not re-run attention (checkpoint-after-attention, see
+    :mod:`easy_context.attn_checkpoint`): each layer keeps its attention output (b, s_local, heads, head_dim) and
+    fp32 lse on the device, and the backward skips one attention forward per layer. As with HF's own
     checkpointing, layers are checkpointed only in training mode (``model.train()``) with grad enabled, and
     ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.
     """
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing (no checkpointable layers)")
-    func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False)
+    extra = {"context_fn": _attn_replay_contexts} if replay_attention else {}
+    func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False, **extra)
     # HF's own setter: stores ``func`` as ``_gradient_checkpointing_func`` of every GradientCheckpointingLayer
     # (and of the other modules carrying a ``gradient_checkpointing`` flag) and sets the flag.
     model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
     return model
+
+
+CHECKPOINT_MODES: dict[str, str] = {
+    "none": "no activation checkpointing",
+    "full": "checkpoint each decoder layer (recompute it in the backward)",
+    "offload": "as full, with the layer inputs in pinned host memory",
+    "attn": "as full, but keep each layer's attention output: the backward does not re-run attention",
+    "attn-offload": "attn, with the layer inputs in host memory (attention outputs stay on the device)",
+}
+
+
+def apply_checkpointing(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """Set up activation checkpointing of ``model``'s decoder layers by name (see :data:`CHECKPOINT_MODES`)."""
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"unknown checkpointing mode {mode!r}; choose one of {list(CHECKPOINT_MODES)}")
+    if mode == "none":
+        return model
+    return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"))
 
 
 # --- EasyContext-compatible monkey patch -------------------------------------------------------------------

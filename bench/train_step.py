@@ -1,0 +1,222 @@
+"""End-to-end training step of a full-size model on one GPU: tokens/s, MFU, peak GPU and host memory.
+
+Random weights (speed and memory do not depend on them), random tokens, micro-batch 1, AdamW on every
+parameter. Each (length, configuration) runs in a fresh subprocess, so an out-of-memory run is recorded and the
+next one starts clean::
+
+    python bench/train_step.py --model shape:llama-2-7b --seq 16384 32768 65536 --checkpointing attn \\
+        --kernel cudnn --compile --out results.jsonl
+    python bench/train_step.py --model shape:llama-2-7b --seq 65536 --baseline   # stock HF sdpa + checkpointing
+
+``--baseline`` is the reference the issue measured: transformers' own attention (``sdpa``), its own loss
+(full fp32 logits), plain per-layer checkpointing and torch AdamW. Otherwise the step is easy_context's: the
+attention through our kernel interface (``data_parallel`` backend, one GPU), the chunked LM-head loss, the
+chosen checkpointing mode (``attn`` = checkpoint-after-attention) and optionally compiled norms/MLP/RoPE.
+
+MFU = (6 N + causal attention FLOPs) x tokens / step time / 989 TFLOP/s (``easy_context.flops``; recompute is
+not counted). ``--profile DIR`` writes a torch-profiler table (CUDA time per op) of one extra step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="shape:llama-2-7b", help="shape:<name>, a preset, or a local config dir")
+    p.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets: 256)")
+    p.add_argument("--seq", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
+    p.add_argument("--checkpointing", default="attn", help="easy_context.memory.CHECKPOINT_MODES")
+    p.add_argument("--kernel", default="auto", help="local attention kernel (cudnn, flash, efficient, auto, cpu)")
+    p.add_argument("--loss", default="chunked", help="LM-head loss (chunked, plain, liger, cce)")
+    p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES")
+    p.add_argument("--compile", action="store_true", help="torch.compile the norms, MLP and RoPE of every layer")
+    p.add_argument("--baseline", action="store_true", help="stock transformers sdpa + HF loss + checkpointing")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
+    p.add_argument("--profile", default=None, metavar="DIR", help="write a profiler table of one more step here")
+    p.add_argument("--label", default="", help="free text stored with each result")
+    p.add_argument("--out", default=None, help="append one JSON object per run to this file")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------ worker
+def compile_layers(model) -> None:
+    """Regional torch.compile of what is elementwise-bound in each decoder layer: both RMSNorms, the MLP
+    (SiLU x up fused) and RoPE. Attention and the checkpointing wrappers stay eager."""
+    import torch
+
+    for layer in model.get_decoder().layers:
+        for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
+            getattr(layer, name).compile()
+    model.get_decoder().norm.compile()
+    modeling = sys.modules[type(model.get_decoder().layers[0].self_attn).__module__]
+    if hasattr(modeling, "apply_rotary_pos_emb"):
+        modeling.apply_rotary_pos_emb = torch.compile(modeling.apply_rotary_pos_emb)
+
+
+def build(args, seq: int):
+    import torch
+
+    import easy_context as ec
+    from easy_context.loss import CausalLMWithLoss
+    from easy_context.memory import apply_checkpointing, enable_tiled_mlp
+    from easy_context.models import PRESETS, load_model
+
+    dtype = getattr(torch, args.dtype)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with device:
+        vocab = args.vocab_size or (256 if args.model in PRESETS else None)
+        model = load_model(args.model, vocab_size=vocab, dtype=dtype, max_position_embeddings=seq)
+    model.train()
+    if args.baseline:
+        model.set_attn_implementation("sdpa")
+        apply_checkpointing(model, "full")
+        return model, None, device
+    ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=args.kernel)
+    apply_checkpointing(model, args.checkpointing)
+    if args.tiled_mlp:
+        enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
+    if args.compile:
+        compile_layers(model)
+    return model, CausalLMWithLoss(model, impl=args.loss), device
+
+
+def run_worker(args) -> dict:
+    import torch
+
+    from easy_context.flops import peak_flops, train_flops_per_token
+
+    seq = args.seq[0]
+    model, with_loss, device = build(args, seq)
+    cuda = device.type == "cuda"
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, fused=cuda)  # states in the parameter dtype (bf16)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, seq + 1), generator=g).to(device)
+    inputs, targets, positions = ids[:, :-1], ids[:, 1:], torch.arange(seq, device=device)[None]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def step() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        if with_loss is None:
+            loss = model(input_ids=inputs, position_ids=positions, labels=ids[:, :-1], use_cache=False).loss
+        else:
+            loss_sum, n = with_loss(inputs, positions, targets)
+            loss = loss_sum / n
+        loss.backward()
+        sync()
+        t1 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        return t1 - t0, time.perf_counter() - t1, loss.item()
+
+    step()  # warm-up: kernel probes, compilation, optimizer states
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = [step() for _ in range(args.steps)]
+    fwd_bwd = min(t[0] for t in times)
+    opt = min(t[1] for t in times)
+    step_s = min(t[0] + t[1] for t in times)
+    flops = train_flops_per_token(model.config, seq) * seq
+    peak = peak_flops(torch.cuda.get_device_name(device)) if cuda else None
+    result = {
+        "seq": seq,
+        "step_s": round(step_s, 4),
+        "fwd_bwd_s": round(fwd_bwd, 4),
+        "optimizer_s": round(opt, 4),
+        "tokens_per_s": round(seq / step_s, 1),
+        "tflops": round(flops / step_s / 1e12, 1),
+        "mfu": round(flops / step_s / peak, 4) if peak else None,
+        "final_loss": round(times[-1][2], 4),
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
+        "peak_gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if cuda else None,
+        "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__,
+    }
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            step()
+        sort = "cuda_time_total" if cuda else "cpu_time_total"
+        os.makedirs(args.profile, exist_ok=True)
+        name = os.path.join(args.profile, f"profile_{args.label or 'run'}_{seq}.txt")
+        with open(name, "w") as f:
+            f.write(prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=70))
+        result["profile"] = name
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ parent
+def config_of(args) -> dict:
+    if args.baseline:
+        return {"attention": "hf sdpa", "loss": "hf (fp32 logits)", "checkpointing": "full", "compile": False}
+    return {
+        "attention": f"easy_context data_parallel, kernel {args.kernel}",
+        "loss": args.loss,
+        "checkpointing": args.checkpointing,
+        "tiled_mlp": args.tiled_mlp,
+        "compile": args.compile,
+    }
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(run_worker(args)), flush=True)
+        return
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for seq in args.seq:
+        child = [a for i, a in enumerate(argv) if a != "--seq" and not _is_seq_value(argv, i)]
+        cmd = [sys.executable, os.path.abspath(__file__), *child, "--seq", str(seq), "--worker"]
+        row = {"name": "train_step", "model": args.model, "label": args.label, **config_of(args), "seq": seq}
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode == 0 and lines:
+                row |= json.loads(lines[-1][len("RESULT ") :]) | {"status": "ok"}
+            else:
+                oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
+                row |= {"status": "oom" if oom else "error", "error": proc.stderr.strip().splitlines()[-3:]}
+        except subprocess.TimeoutExpired:
+            row |= {"status": "timeout"}
+        row["wall_s"] = round(time.time() - t0, 1)
+        row["date"] = time.strftime("%Y-%m-%d")
+        row["command"] = "python bench/train_step.py " + " ".join(child) + f" --seq {seq}"
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def _is_seq_value(argv: list[str], i: int) -> bool:
+    """Whether argv[i] is one of the values following ``--seq``."""
+    j = i
+    while j > 0 and not argv[j - 1].startswith("--"):
+        j -= 1
+    return j > 0 and argv[j - 1] == "--seq" and not argv[i].startswith("--")
+
+
+if __name__ == "__main__":
+    main()
