@@ -67,8 +67,8 @@ class _HookLog:
         self.unpacked: list[tuple[tuple[int, ...], torch.device]] = []
         pack, unpack = oc.pack_to_host, oc.unpack_to_device
 
-        def logged_pack(t: torch.Tensor):
-            packed = pack(t)
+        def logged_pack(t: torch.Tensor, **kw):
+            packed = pack(t, **kw)
             self.packed.append((tuple(t.shape), packed.host.device, packed.host.data_ptr() != t.data_ptr()))
             return packed
 
@@ -166,6 +166,19 @@ def test_replay_attention_checkpointing(model_type: str, offload: bool) -> None:
         errs = {n: _rel_err(grads[n], ref_grads[n]) for n in ref_grads}
         assert max(errs.values()) < 1e-5, sorted(errs.items(), key=lambda kv: -kv[1])[:3]
     assert calls == {False: 2 * LAYERS, True: LAYERS}
+
+
+def test_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """offload_layers=1: only the first layer's input goes to the host (pageable); grads unchanged."""
+    if "llama" not in _REFERENCE:
+        _REFERENCE["llama"] = _loss_and_grads(_model("llama"))
+    ref_loss, ref_grads = _REFERENCE["llama"]
+    log = _HookLog(monkeypatch)
+    model = enable_offloaded_checkpointing(_model("llama"), offload_layers=1, pin_memory=False)
+    loss, grads = _loss_and_grads(model)
+    assert _rel_err(loss, ref_loss) < 1e-5
+    assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
+    assert log.packed == [((BATCH, SEQ, HIDDEN), torch.device("cpu"), True)]
 
 
 def test_hf_patch_scope(hf_patch: None) -> None:

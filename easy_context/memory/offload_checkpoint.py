@@ -70,13 +70,17 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def pack_to_host(tensor: torch.Tensor) -> HostCopy | torch.Tensor:
-    """Saved-tensor pack hook: copy ``tensor`` to host memory (parameters are kept as they are)."""
+def pack_to_host(tensor: torch.Tensor, pin_memory: bool = True) -> HostCopy | torch.Tensor:
+    """Saved-tensor pack hook: copy ``tensor`` to host memory (parameters are kept as they are).
+
+    ``pin_memory=False`` uses pageable memory: exact-size blocks (the pinned allocator rounds every block up
+    to a power of two, up to 2x the bytes) at the price of copies that do not overlap compute.
+    """
     if isinstance(tensor, torch.nn.Parameter):
         return tensor
     if tensor.device.type == "cuda":
         compute, side = torch.cuda.current_stream(tensor.device), _side_stream(tensor.device)
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin_memory)
         side.wait_stream(compute)  # the tensor is produced on the compute stream
         with torch.cuda.stream(side):
             host.copy_(tensor.detach(), non_blocking=True)
@@ -97,26 +101,32 @@ def unpack_to_device(packed: HostCopy | torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def offload_saved_tensors() -> Iterator[None]:
+def offload_saved_tensors(pin_memory: bool = True) -> Iterator[None]:
     """Within the block, tensors saved for backward are held in host memory (see the module docstring)."""
     # The hooks are looked up at entry so that tests can observe them.
-    with torch.autograd.graph.saved_tensors_hooks(pack_to_host, unpack_to_device):
+    pack = pack_to_host if pin_memory else functools.partial(pack_to_host, pin_memory=False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack_to_device):
         yield
 
 
 def offloaded_checkpoint(
-    function: Callable[..., Any], *args: Any, offload: bool = True, use_reentrant: bool = False, **kwargs: Any
+    function: Callable[..., Any],
+    *args: Any,
+    offload: bool = True,
+    use_reentrant: bool = False,
+    pin_memory: bool = True,
+    **kwargs: Any,
 ) -> Any:
     """:func:`torch.utils.checkpoint.checkpoint` whose saved inputs are held in host memory.
 
     ``args`` are the checkpointed function's inputs, for a decoder layer ``hidden_states`` (b, s_local, hidden);
-    their tensors are offloaded when ``offload``. ``kwargs`` (``preserve_rng_state``, ``context_fn``, ...) go to
-    ``checkpoint``. Non-reentrant by default, as transformers uses it; ``use_reentrant=True`` works too (its
-    inputs are saved through the same hooks).
+    their tensors are offloaded when ``offload`` (to pinned memory unless ``pin_memory=False``). ``kwargs``
+    (``preserve_rng_state``, ``context_fn``, ...) go to ``checkpoint``. Non-reentrant by default, as transformers
+    uses it; ``use_reentrant=True`` works too (its inputs are saved through the same hooks).
     """
     if not offload:
         return checkpoint(function, *args, use_reentrant=use_reentrant, **kwargs)
-    with offload_saved_tensors():
+    with offload_saved_tensors(pin_memory):
         return checkpoint(function, *args, use_reentrant=use_reentrant, **kwargs)
 
 
@@ -125,7 +135,12 @@ def _attn_replay_contexts():
 
 
 def enable_offloaded_checkpointing(
-    model: torch.nn.Module, *, offload: bool = True, replay_attention: bool = False
+    model: torch.nn.Module,
+    *,
+    offload: bool = True,
+    replay_attention: bool = False,
+    offload_layers: int | None = None,
+    pin_memory: bool = True,
 ) -> torch.nn.Module:
     """Checkpoint every decoder layer of the HF ``model`` with :func:`offloaded_checkpoint`; returns ``model``.
 
@@ -135,14 +150,24 @@ def enable_offloaded_checkpointing(
     fp32 lse on the device, and the backward skips one attention forward per layer. As with HF's own
     checkpointing, layers are checkpointed only in training mode (``model.train()``) with grad enabled, and
     ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.
+
+    ``offload_layers=n`` offloads only the first n checkpointed layers' inputs (the others stay on the device), to
+    split the checkpoints between host and device memory when the host cannot hold them all. ``pin_memory=False``
+    offloads to pageable memory (see :func:`pack_to_host`).
     """
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing (no checkpointable layers)")
     extra = {"context_fn": _attn_replay_contexts} if replay_attention else {}
-    func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False, **extra)
+    func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False, pin_memory=pin_memory, **extra)
     # HF's own setter: stores ``func`` as ``_gradient_checkpointing_func`` of every GradientCheckpointingLayer
     # (and of the other modules carrying a ``gradient_checkpointing`` flag) and sets the flag.
     model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
+    if offload and offload_layers is not None:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        for layer in layers[offload_layers:]:
+            layer._gradient_checkpointing_func = functools.partial(func, offload=False)
     return model
 
 
