@@ -1,0 +1,210 @@
+"""Longest sequence for which one full-parameter training step fits on one GPU (binary search, one probe per process).
+
+A probe is one complete step at length S of a full-size model with random weights (micro-batch 1): forward,
+backward and the AdamW step on every parameter, with the whole memory stack:
+
+- attention through our kernel interface (``data_parallel`` backend: the whole sequence on this GPU);
+- activation checkpointing of every decoder layer with the layer inputs offloaded to host memory -- as many
+  layers as the host can hold next to the optimizer states (``--offload-layers auto``), the others on the GPU;
+  pageable host blocks (the pinned allocator rounds each block up to a power of two);
+- tiled MLP (``--mlp-tile-tokens`` tokens per tile) and the chunked LM-head loss (no (S, vocab) logits);
+- optimizer states offloaded: :class:`easy_context.host_adamw.HostAdamW` (fp32 master + moments on the host,
+  12 B/param; DeepSpeed ZeRO-3 offload needs 18 B/param on the host, more than a 128 GB host has for 8B);
+- ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+
+::
+
+    python bench/max_context.py --model shape:llama-3-8b --seq 65536 131072         # probe these lengths
+    python bench/max_context.py --model shape:llama-3-8b --search 262144 524288 --max-probes 4
+
+Each probe appends one JSON object (status ok / oom / error / timeout, peak GPU and host memory, step time) to
+``--out``. A search keeps the longest successful length (multiple of ``--granularity``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GB = 1e9
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="shape:llama-3-8b")
+    p.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets: 256)")
+    p.add_argument("--seq", type=int, nargs="*", default=[], help="probe exactly these lengths")
+    p.add_argument("--search", type=int, nargs=2, metavar=("LO", "HI"), help="binary search in [LO, HI]")
+    p.add_argument("--max-probes", type=int, default=5)
+    p.add_argument("--granularity", type=int, default=8192)
+    p.add_argument("--kernel", default="auto")
+    p.add_argument("--offload-layers", default="auto", help="'auto' (what the host holds), 'all', or a number")
+    p.add_argument("--host-reserve-gb", type=float, default=8.0, help="host memory kept free for the runtime")
+    p.add_argument("--mlp-tile-tokens", type=int, default=8192)
+    p.add_argument("--optimizer", default="host_adamw", choices=["host_adamw", "adamw"])
+    p.add_argument("--timeout", type=int, default=900, help="seconds per probe")
+    p.add_argument("--out", default=None)
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def host_available_bytes() -> float:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def offloadable_layers(args, seq: int, n_params: int, hidden: int, layers: int) -> int:
+    """How many layer inputs (seq x hidden bf16 each) the host holds next to the optimizer's 12 B/param."""
+    if args.offload_layers == "all":
+        return layers
+    if args.offload_layers != "auto":
+        return int(args.offload_layers)
+    optimizer = 12 * n_params if args.optimizer == "host_adamw" else 0
+    free = host_available_bytes() - optimizer - args.host_reserve_gb * GB
+    return max(0, min(layers, int(free // (seq * hidden * 2))))
+
+
+# ------------------------------------------------------------------------------------------------ worker
+def run_probe(args, seq: int) -> dict:
+    import torch
+
+    import easy_context as ec
+    from easy_context.host_adamw import HostAdamW
+    from easy_context.loss import CausalLMWithLoss
+    from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
+    from easy_context.models import PRESETS, load_model
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with device:
+        vocab = args.vocab_size or (256 if args.model in PRESETS else None)
+        model = load_model(args.model, vocab_size=vocab, dtype=dtype, max_position_embeddings=seq)
+    model.train()
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    k = offloadable_layers(args, seq, n_params, cfg.hidden_size, cfg.num_hidden_layers)
+    ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=args.kernel)
+    enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False)
+    enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)
+    with_loss = CausalLMWithLoss(model, impl="chunked")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.optimizer == "host_adamw":
+        optimizer = HostAdamW(params, lr=1e-5, weight_decay=0.0)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq + 1), generator=g).to(device)
+    positions = torch.arange(seq, device=device)[None]
+    states_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+    t0 = time.perf_counter()
+    loss_sum, n = with_loss(ids[:, :-1], positions, ids[:, 1:])
+    (loss_sum / n).backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    loss = (loss_sum / n).item()
+    if not math.isfinite(loss):
+        raise RuntimeError(f"non-finite loss {loss}")
+    cuda = device.type == "cuda"
+    return {
+        "seq": seq,
+        "params": n_params,
+        "offload_layers": k,
+        "loss": round(loss, 4),
+        "fwd_bwd_s": round(t1 - t0, 2),
+        "optimizer_s": round(t2 - t1, 2),
+        "gpu_states_gib": round(states_gib, 2) if cuda else None,
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
+        "peak_gpu_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if cuda else None,
+        "gpu_total_gib": round(torch.cuda.get_device_properties(device).total_memory / 2**30, 2) if cuda else None,
+        "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+    }
+
+
+# ------------------------------------------------------------------------------------------------ parent
+def probe(args, seq: int, base_argv: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    cmd = [sys.executable, os.path.abspath(__file__), *base_argv, "--worker", str(seq)]
+    row = {"name": "max_context_probe", "model": args.model, "seq": seq, "optimizer": args.optimizer}
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode == 0 and lines:
+            row |= json.loads(lines[-1][len("RESULT ") :]) | {"status": "ok"}
+        else:
+            oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
+            row |= {"status": "oom" if oom else "error", "error": proc.stderr.strip().splitlines()[-3:]}
+    except subprocess.TimeoutExpired:
+        row |= {"status": "timeout"}
+    row |= {"wall_s": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d")}
+    row["command"] = "python bench/max_context.py " + " ".join(base_argv) + f" --seq {seq}"
+    print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return row
+
+
+def strip_lengths(argv: list[str]) -> list[str]:
+    """argv without --seq/--search and their values (each probe gets its own length)."""
+    out, skip = [], False
+    for a in argv:
+        if a in ("--seq", "--search"):
+            skip = True
+            continue
+        if skip and not a.startswith("--"):
+            continue
+        skip = False
+        out.append(a)
+    return out
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker is not None:
+        print("RESULT " + json.dumps(run_probe(args, args.worker)), flush=True)
+        return
+    base = strip_lengths(list(sys.argv[1:] if argv is None else argv))
+    for seq in args.seq:
+        probe(args, seq, base)
+    if args.search:
+        gran = args.granularity
+        lo, hi = args.search[0] // gran, args.search[1] // gran  # in units of gran; lo assumed to fit
+        best = None
+        for _ in range(args.max_probes):
+            if hi <= lo:
+                break
+            mid = (lo + hi + 1) // 2
+            if probe(args, mid * gran, base)["status"] == "ok":
+                lo, best = mid, mid * gran
+            else:
+                hi = mid - 1
+        summary = {"name": "max_context", "model": args.model, "longest_ok": best, "bracket": [lo * gran, hi * gran]}
+        print(json.dumps(summary), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(summary) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""GPU check: tensors past 2**31 elements (>= 600K tokens x 4096 hidden on one GPU) in every long-context op.
+
+ALST hit "illegal memory access" at ~555K tokens in Triton kernels that index with int32. This script runs, at
+``--tokens`` (default 614400 = 600K) x hidden 4096 in bf16, forward and backward of:
+
+- RMSNorm (transformers' Llama module), eager and ``torch.compile``d (Triton);
+- the gated MLP (4096 -> 11008): plain forward (its (tokens, 11008) tensors have 6.8e9 elements), and the tiled
+  MLP forward + backward;
+- the chunked linear cross-entropy (vocab 32000) forward + backward;
+- cuDNN attention (32 heads x 128) forward + backward through our kernel interface;
+- the fp32 LSE merge (the Triton kernel of the ring backends) on (tokens, 32, 128) partial results;
+
+and checks each against the same op on a small slice of rows at the END of the tensor (row-wise ops give the
+same rows; attention's last query rows against an fp32 reference over all keys; the loss against the sum of its
+two halves). Exit status 0 only when every check passes. Not collected by pytest (CPU CI has no GPU)::
+
+    python tests/gpu/check_large_tensors.py [--tokens 614400] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from easy_context.kernels import get_kernel  # noqa: E402
+from easy_context.loss import chunked_linear_cross_entropy  # noqa: E402
+from easy_context.lse_merge import merge_eager_, merge_into_  # noqa: E402
+from easy_context.memory import tiled_mlp  # noqa: E402
+
+HIDDEN, INTER, HEADS, HEAD_DIM, VOCAB, TAIL = 4096, 11008, 32, 128, 32000, 256
+RESULTS: list[dict] = []
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def check(name: str, err: float, tol: float, numel: int, seconds: float) -> None:
+    ok = bool(err <= tol)
+    RESULTS.append(dict(name=name, rel_err=err, tol=tol, max_numel=numel, past_2_31=numel > 2**31, ok=ok,
+                        seconds=round(seconds, 2)))  # fmt: skip
+    print(f"{'PASS' if ok else 'FAIL'} {name}: rel err {err:.2e} (tol {tol:.0e}), {numel / 2**31:.2f} x 2^31 elements")
+
+
+def norm_check(x: torch.Tensor, compiled: bool) -> None:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(HIDDEN).to(x.device, x.dtype)
+    fn = torch.compile(norm) if compiled else norm
+    t0 = time.time()
+    xg = x.detach().requires_grad_()
+    y = fn(xg)
+    y.backward(torch.ones_like(y))
+    sync()
+    tail = x[:, -TAIL:].detach().requires_grad_()
+    y_ref = norm(tail)
+    y_ref.backward(torch.ones_like(y_ref))
+    err = max(rel(y[:, -TAIL:], y_ref), rel(xg.grad[:, -TAIL:], tail.grad))
+    check(f"rmsnorm{' compiled' if compiled else ''} fwd+bwd", err, 1e-2, x.numel(), time.time() - t0)
+
+
+def mlp_check(x: torch.Tensor) -> None:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    mlp = LlamaMLP(LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER)).to(x.device, x.dtype)
+    t0 = time.time()
+    with torch.no_grad():
+        y = mlp(x)  # plain: (tokens, 11008) intermediates
+        err = rel(y[:, -TAIL:], mlp(x[:, -TAIL:]))
+    sync()
+    check("mlp plain fwd", err, 1e-2, x.shape[1] * INTER, time.time() - t0)
+    del y
+    t0 = time.time()
+    xg = x.detach().requires_grad_()
+    y = tiled_mlp(mlp, xg, tile_tokens=65536)
+    y.backward(torch.ones_like(y))
+    sync()
+    tail = x[:, -TAIL:].detach().requires_grad_()
+    y_ref = mlp(tail)
+    y_ref.backward(torch.ones_like(y_ref))
+    err = max(rel(y[:, -TAIL:], y_ref), rel(xg.grad[:, -TAIL:], tail.grad))
+    check("mlp tiled fwd+bwd", err, 1e-2, x.numel(), time.time() - t0)
+
+
+def loss_check(x: torch.Tensor) -> None:
+    g = torch.Generator(device=x.device).manual_seed(1)
+    weight = (torch.randn(VOCAB, HIDDEN, device=x.device, generator=g) * 0.02).to(x.dtype)
+    targets = torch.randint(0, VOCAB, x.shape[:2], device=x.device, generator=g)
+    t0 = time.time()
+    h = x.detach().requires_grad_()
+    loss_sum, n = chunked_linear_cross_entropy(h, weight, targets)
+    loss_sum.backward()
+    sync()
+    half = x.shape[1] // 2
+    halves = sum(chunked_linear_cross_entropy(x[:, a:b], weight, targets[:, a:b])[0] for a, b in
+                 [(0, half), (half, x.shape[1])])  # fmt: skip
+    tail = x[:, -TAIL:].detach().requires_grad_()
+    chunked_linear_cross_entropy(tail, weight, targets[:, -TAIL:])[0].backward()
+    err = max(rel(loss_sum, halves), rel(h.grad[:, -TAIL:], tail.grad))
+    assert int(n) == x.shape[1]
+    check("chunked linear CE fwd+bwd", err, 1e-3, x.numel(), time.time() - t0)
+
+
+def attention_check(tokens: int, device: torch.device) -> None:
+    kernel = get_kernel("cudnn" if device.type == "cuda" else "cpu", device, torch.bfloat16, HEAD_DIM)
+    g = torch.Generator(device=device).manual_seed(2)
+    q, k, v = (torch.randn(1, tokens, HEADS, HEAD_DIM, device=device, generator=g, dtype=torch.bfloat16)
+               for _ in range(3))  # fmt: skip
+    scale = HEAD_DIM**-0.5
+    t0 = time.time()
+    out, lse = kernel.forward(q, k, v, True, scale)
+    dout = torch.randn(out.shape, device=device, generator=g, dtype=out.dtype)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, True, scale)
+    sync()
+    seconds = time.time() - t0
+    errs = []
+    for h in range(0, HEADS, 8):  # fp32 reference of the last query rows, a few heads (each over all keys)
+        qt = q[0, -TAIL:, h].float().requires_grad_()
+        s = qt @ k[0, :, h].float().T * scale
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).tril(tokens - TAIL).logical_not(), float("-inf"))
+        ref = torch.softmax(s, -1) @ v[0, :, h].float()
+        ref.backward(dout[0, -TAIL:, h].float())
+        errs += [rel(out[0, -TAIL:, h], ref), rel(lse[0, h, -TAIL:], torch.logsumexp(s, -1))]
+        errs.append(rel(dq[0, -TAIL:, h], qt.grad))
+    assert all(torch.isfinite(t).all() for t in (dk, dv))
+    check(f"{kernel.name} attention fwd+bwd (last rows vs fp32)", max(errs), 2e-2, q.numel(), seconds)
+    del dq, dk, dv, dout
+
+    # LSE merge of two partial results over the full length (what every ring step does)
+    acc_out, acc_lse = out.float(), lse.clone()
+    other_out = torch.randn(out.shape, device=device, generator=g, dtype=out.dtype)
+    other_lse = lse + torch.randn(lse.shape, device=device, generator=g)
+    t0 = time.time()
+    merge_into_(acc_out, acc_lse, other_out, other_lse)
+    sync()
+    ref_out, ref_lse = out[:, -TAIL:].float(), lse[:, :, -TAIL:].clone()
+    merge_eager_(ref_out, ref_lse, other_out[:, -TAIL:], other_lse[:, :, -TAIL:])
+    err = max(rel(acc_out[:, -TAIL:], ref_out), rel(acc_lse[:, :, -TAIL:], ref_lse))
+    check("lse merge (fused) fp32", err, 1e-5, acc_out.numel(), time.time() - t0)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=614400)
+    p.add_argument("--json", default=None)
+    p.add_argument("--device", default="cuda", help="cpu: a small smoke run of the same code")
+    args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("this check needs a CUDA GPU (or --device cpu --tokens 4096 for a smoke run)", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(1, args.tokens, HIDDEN, device=device, generator=g, dtype=torch.bfloat16)
+    for step, *extra in ((norm_check, False), (norm_check, True), (mlp_check,), (loss_check,)):
+        step(x, *extra)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    del x
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    attention_check(args.tokens, device)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tokens": args.tokens, "device": str(device),
+                                               "torch": torch.__version__, "checks": RESULTS}, indent=1))  # fmt: skip
+    return 0 if RESULTS and all(r["ok"] for r in RESULTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
