@@ -128,3 +128,27 @@ def test_kernel_probe_does_not_remember_out_of_memory(monkeypatch):
     assert not kernels.kernel_works("cpu", "cpu", torch.float32, 24)  # OOM: not usable now...
     assert kernels.kernel_works("cpu", "cpu", torch.float32, 24)  # ...but probed again next time
     assert kernels.kernel_works("cpu", "cpu", torch.float32, 24) and len(calls) == 2  # then cached
+
+
+@pytest.mark.parametrize("limit", [2 * 24 * 64 * 3, 2 * 24 * 64 * 2, 2 * 24 * 64])
+def test_kernel_calls_split_over_heads_past_the_element_limit(monkeypatch, limit):
+    """Calls past MAX_KERNEL_ELEMENTS (2^31: kernels with 32-bit offsets go silently wrong) are split over heads,
+    exactly: whole GQA groups (limit 3 or 2 heads) or query heads sharing one K/V head (limit 1 head)."""
+    import easy_context.kernels.base as base
+
+    q, dout = _rand(2, 24, 6, 64, seed=5), _rand(2, 24, 6, 64, seed=6)
+    k, v = _rand(2, 24, 3, 64, seed=7), _rand(2, 24, 3, 64, seed=8)
+    kernel = KERNELS["cpu"]
+    out, lse = kernel.forward(q, k, v, True, 0.125)
+    grads = kernel.backward(dout, q, k, v, out, lse, True, 0.125)
+    calls = []
+    monkeypatch.setattr(base, "MAX_KERNEL_ELEMENTS", limit)
+    spy = base.AttnKernel("spy", lambda *a: calls.append(a[0]) or kernel.forward_impl(*a), kernel.backward_impl)
+    split_out, split_lse = spy.forward(q, k, v, True, 0.125)
+    split_grads = spy.backward(dout, q, k, v, split_out, split_lse, True, 0.125)
+    assert all(c.numel() <= limit for c in calls) and len(calls) > 1
+    assert rel_err(split_out, out) < 1e-6 and rel_err(split_lse, lse) < 1e-6
+    for got, want in zip(split_grads, grads):
+        assert got.shape == want.shape and got.dtype == want.dtype and rel_err(got, want) < 1e-6
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        base.head_groups(q, k, limit=24 * 64)  # one head over 2 x 24 tokens is already past it

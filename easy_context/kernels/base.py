@@ -15,6 +15,7 @@ makes block-wise backward of ring schedules exact.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,7 +44,13 @@ class AttnKernel:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         check_shapes(q, k, v, causal)
-        return self.forward_impl(q, k, v, causal, softmax_scale)
+        groups = head_groups(q, k)
+        if groups is None:
+            return self.forward_impl(q, k, v, causal, softmax_scale)
+        outs, lses = zip(*(self.forward_impl(q[:, :, qs].contiguous(), k[:, :, ks].contiguous(),
+                                             v[:, :, ks].contiguous(), causal, softmax_scale)
+                           for qs, ks in groups))  # fmt: skip
+        return torch.cat(outs, dim=2), torch.cat(lses, dim=1)
 
     def backward(
         self,
@@ -56,7 +63,54 @@ class AttnKernel:
         causal: bool,
         softmax_scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.backward_impl(dout, q, k, v, out, lse, causal, softmax_scale)
+        groups = head_groups(q, k)
+        if groups is None:
+            return self.backward_impl(dout, q, k, v, out, lse, causal, softmax_scale)
+        dq = torch.empty_like(q)
+        shared = len(groups) > k.shape[2]  # several query chunks per K/V head: their dK/dV add up (in fp32)
+        dk = torch.zeros(k.shape, dtype=torch.float32 if shared else k.dtype, device=k.device)
+        dv = torch.zeros_like(dk)
+        for qs, ks in groups:
+            g = self.backward_impl(*(t[:, :, qs].contiguous() for t in (dout, q)), k[:, :, ks].contiguous(),
+                                   v[:, :, ks].contiguous(), out[:, :, qs].contiguous(), lse[:, qs].contiguous(),
+                                   causal, softmax_scale)  # fmt: skip
+            dq[:, :, qs] = g[0]
+            dk[:, :, ks] += g[1]
+            dv[:, :, ks] += g[2]
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+# Fused attention kernels index with 32-bit offsets in places: measured on an H200 (torch 2.11, cuDNN SDPA), one
+# call on tensors past 2**31 elements returns silently wrong results. Larger calls are split over heads.
+MAX_KERNEL_ELEMENTS = int(os.environ.get("EASY_CONTEXT_MAX_KERNEL_ELEMENTS", 2**31 - 1))
+
+
+def head_groups(q: torch.Tensor, k: torch.Tensor, limit: int | None = None) -> list[tuple[slice, slice]] | None:
+    """(query-head slice, K/V-head slice) pairs splitting one call into calls whose q, k, v, out and fp32
+    workspaces each stay within ``limit`` elements; None when one call already does (the common case).
+
+    Attention is independent per head, so the split is exact. Chunks hold whole GQA groups when they can; past
+    that, a chunk of query heads shares one K/V head (and the backward adds their dK/dV).
+    """
+    limit = MAX_KERNEL_ELEMENTS if limit is None else limit
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    per_q_head, per_kv_head = b * sq * d, b * sk * d
+    if max(per_q_head * hq, per_kv_head * hkv) <= limit:
+        return None
+    if max(per_q_head, per_kv_head) > limit:
+        raise ValueError(
+            f"attention of one head over {max(sq, sk)} tokens (batch {b}, head_dim {d}) exceeds {limit} elements "
+            "per kernel call; shard the sequence over more ranks (sequence parallelism)"
+        )
+    rep = hq // hkv
+    for n in range(2, hq + 1):  # fewest chunks that fit, aligned to the GQA groups
+        if hq % n or (n <= hkv and hkv % n) or (n > hkv and n % hkv):
+            continue
+        c = hq // n
+        if per_q_head * c <= limit and per_kv_head * max(1, c // rep) <= limit:
+            return [(slice(i * c, (i + 1) * c), slice(i * c // rep, (i * c + c - 1) // rep + 1)) for i in range(n)]
+    raise ValueError(f"cannot split {hq} query / {hkv} key-value heads into kernel calls of <= {limit} elements")
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
