@@ -101,6 +101,7 @@ def run_probe(args, seq: int) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     if args.optimizer == "host_adamw":
         optimizer = HostAdamW(params, lr=1e-5, weight_decay=0.0)
+        optimizer.init_state()  # steady state: the host holds the optimizer AND the offloaded checkpoints
     else:
         optimizer = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(0)

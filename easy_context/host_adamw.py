@@ -32,6 +32,12 @@ class HostAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self._staging: dict[object, torch.Tensor] = {}  # reusable host buffers by (role, dtype)
 
+    def init_state(self) -> None:
+        """Allocate every parameter's host state now (it is otherwise allocated at the first step)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._host_state(p)
+
     def _host_state(self, p: torch.Tensor) -> dict:
         state = self.state[p]
         if not state:  # lazily, so that building the optimizer does not need the host memory yet

@@ -51,6 +51,8 @@ def test_bf16_params_follow_fp32_master() -> None:
 def test_scheduler_and_state_dict() -> None:
     params = _params(torch.float32)
     opt = HostAdamW(params, lr=1.0)
+    opt.init_state()
+    assert all(opt.state[p]["master"].dtype == torch.float32 for p in params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
     for step in range(2):
         _grads(step, params)
