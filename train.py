@@ -38,7 +38,7 @@ from easy_context.loss import (
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model
-from easy_context.optim import build_optimizer
+from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.train_state import EpochShuffleSampler, load_training_state, save_hf_checkpoint, save_training_state
 
 
@@ -61,6 +61,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
     p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=OPTIMIZERS,
+        help="host_adamw: fp32 master weights + Adam moments in host memory, without DeepSpeed",
+    )
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--rope-theta", type=float, default=None)
     p.add_argument("--parallel_mode", "--parallel-mode", default="zigzag_ring_attn", help=", ".join(ec.SEQ_ALGOS))
@@ -172,7 +178,11 @@ def main(argv=None) -> None:
         ds.deepspeed_config["train_micro_batch_size_per_gpu"] = args.batch_size
         ds.deepspeed_config["gradient_clipping"] = args.grad_clip
     params = [p for p in train_model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, accelerator, lr=args.learning_rate, weight_decay=args.weight_decay)
+    try:
+        optimizer = build_optimizer(params, accelerator, lr=args.learning_rate, weight_decay=args.weight_decay,
+                                    name=args.optimizer)  # fmt: skip
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     scheduler = get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
     train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
     if accelerator.is_main_process:  # what actually runs (accelerate silently drops DeepSpeed in some setups)

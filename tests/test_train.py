@@ -83,11 +83,14 @@ def test_sp_reproduces_data_parallel_and_saves_hf_checkpoint(data_dir, tmp_path)
     run_train(data_dir, tmp_path / "zz", "--parallel_mode", "zigzag_ring_attn", procs=2)
     run_train(data_dir, tmp_path / "uly", "--parallel_mode", "ulysses_attn", "--checkpointing", "offload",
               "--tiled-mlp", "3", procs=2)  # fmt: skip
+    run_train(data_dir, tmp_path / "host", "--parallel_mode", "data_parallel", "--checkpointing", "attn",
+              "--optimizer", "host_adamw")  # fmt: skip  # checkpoint-after-attention + host optimizer states
     ref = losses(tmp_path / "dp")
     assert len(ref) == 4
+    assert "HostAdamW" in (tmp_path / "host" / "engine.txt").read_text()
     for name in ("dp", "zz", "uly"):  # the schedule advances once per optimizer step, whatever the process count
         assert losses(tmp_path / name, "lr") == pytest.approx(expected_lrs(4)), name
-    for name in ("zz", "uly"):
+    for name in ("zz", "uly", "host"):
         got = losses(tmp_path / name)
         assert got == pytest.approx(ref, rel=1e-4), (name, got, ref)
     from transformers import AutoModelForCausalLM, AutoTokenizer
