@@ -27,7 +27,7 @@ from transformers import get_scheduler
 
 import easy_context as ec
 from easy_context.data import load_tokenizer, load_train_dataset
-from easy_context.kernels import KERNEL_NAMES
+from easy_context.kernels import KERNEL_NAMES, get_kernel
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
     CausalLMWithLoss,
@@ -157,7 +157,13 @@ def main(argv=None) -> None:
                        max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     check_layout(args, sp_size, model.config)
-    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=args.kernel, **opts)
+    kernel = args.kernel
+    if args.parallel_mode == "data_parallel" and kernel == "auto" and args.checkpointing.startswith("attn"):
+        head_dim = (
+            getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        )
+        kernel = get_kernel("auto", accelerator.device, model.dtype, head_dim).name  # checkpoint-after-attention
+    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=kernel, **opts)
     apply_checkpointing(model, args.checkpointing)  # per decoder layer
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)

@@ -81,6 +81,7 @@ def run_probe(args, seq: int) -> dict:
 
     import easy_context as ec
     from easy_context.host_adamw import HostAdamW
+    from easy_context.kernels import get_kernel
     from easy_context.loss import CausalLMWithLoss
     from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
@@ -94,7 +95,10 @@ def run_probe(args, seq: int) -> dict:
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
     k = offloadable_layers(args, seq, n_params, cfg.hidden_size, cfg.num_hidden_layers)
-    ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=args.kernel)
+    kernel = get_kernel(
+        args.kernel, device, dtype, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    ).name
+    ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=kernel)  # our kernel interface, named
     enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False)
     enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)
     with_loss = CausalLMWithLoss(model, impl="chunked")
@@ -154,7 +158,9 @@ def probe(args, seq: int, base_argv: list[str]) -> dict:
             row |= json.loads(lines[-1][len("RESULT ") :]) | {"status": "ok"}
         else:
             oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
-            row |= {"status": "oom" if oom else "error", "error": proc.stderr.strip().splitlines()[-3:]}
+            # SIGKILL with no traceback: most likely the kernel's OOM killer (host memory)
+            status = "oom" if oom else "killed" if proc.returncode == -9 else "error"
+            row |= {"status": status, "returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-12:]}
     except subprocess.TimeoutExpired:
         row |= {"status": "timeout"}
     row |= {"wall_s": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d")}
@@ -190,17 +196,27 @@ def main(argv=None) -> None:
         probe(args, seq, base)
     if args.search:
         gran = args.granularity
-        lo, hi = args.search[0] // gran, args.search[1] // gran  # in units of gran; lo assumed to fit
-        best = None
-        for _ in range(args.max_probes):
-            if hi <= lo:
-                break
-            mid = (lo + hi + 1) // 2
-            if probe(args, mid * gran, base)["status"] == "ok":
-                lo, best = mid, mid * gran
-            else:
-                hi = mid - 1
-        summary = {"name": "max_context", "model": args.model, "longest_ok": best, "bracket": [lo * gran, hi * gran]}
+        lo, hi = args.search[0] // gran, args.search[1] // gran  # in units of gran
+        best, stopped = None, None
+        status = probe(args, lo * gran, base)["status"]  # the lower end must fit, or the bracket means nothing
+        if status == "ok":
+            best = lo * gran
+            for _ in range(args.max_probes - 1):
+                if hi <= lo:
+                    break
+                mid = (lo + hi + 1) // 2
+                status = probe(args, mid * gran, base)["status"]
+                if status == "ok":
+                    lo, best = mid, mid * gran
+                elif status in ("oom", "killed"):  # too long; anything else is a failure to fix, not a bound
+                    hi = mid - 1
+                else:
+                    stopped = status
+                    break
+        else:
+            stopped = status
+        summary = {"name": "max_context", "model": args.model, "longest_ok": best,
+                   "bracket": [lo * gran, hi * gran] if best else None, "stopped_on": stopped}  # fmt: skip
         print(json.dumps(summary), flush=True)
         if args.out:
             with open(args.out, "a") as f:

@@ -10,7 +10,10 @@ torch's fused CPU AdamW updates the master and the moments, and the master, cast
 copied back into the device parameter. Host temporaries: one staging buffer of the largest parameter in the
 parameter dtype, and its fp32 upcast.
 
-Use it like ``torch.optim.AdamW`` (it is one: ``param_groups``, ``state_dict``, LR schedulers all work)::
+One process holds the whole state: with several processes (data parallel) each would hold a full copy, so
+``train.py`` allows it only in single-process runs (use DeepSpeed ZeRO-3 offload to shard states over ranks).
+
+Use it like ``torch.optim.AdamW`` (``param_groups``, ``state_dict``, LR schedulers all work)::
 
     optimizer = HostAdamW(model.parameters(), lr=2e-5, weight_decay=0.0)
 """
@@ -47,6 +50,19 @@ class HostAdamW(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(master)
             state["step"] = torch.zeros((), dtype=torch.float32)
         return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As torch's, but the master weights and moments stay fp32 in host memory (torch casts optimizer state
+        to each parameter's dtype and device)."""
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        for p, i in zip(params, ids):
+            saved = state_dict["state"].get(i)
+            if saved is None:
+                continue
+            for key in ("master", "exp_avg", "exp_avg_sq", "step"):
+                self.state[p][key] = saved[key].to("cpu", torch.float32, copy=True)
 
     def _stage(self, grad: torch.Tensor) -> torch.Tensor:
         """``grad`` copied into a reusable (pinned, when it comes from a GPU) host buffer."""

@@ -27,6 +27,11 @@ def build_optimizer(
         if ds is not None:
             raise ValueError("--optimizer host_adamw replaces DeepSpeed's optimizer offload; drop the DeepSpeed config "
                              "or use --optimizer adamw (DeepSpeed then offloads per its json)")  # fmt: skip
+        if accelerator.num_processes > 1:
+            raise ValueError(f"--optimizer host_adamw keeps the whole optimizer state in each process's host memory "
+                             f"({accelerator.num_processes} processes would hold {accelerator.num_processes} copies); "
+                             "use it on one GPU, or DeepSpeed ZeRO-3 offload (accelerate_configs/single_node.yaml) "
+                             "to shard the states")  # fmt: skip
         from .host_adamw import HostAdamW
 
         return HostAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

@@ -64,3 +64,36 @@ def test_scheduler_and_state_dict() -> None:
     again.load_state_dict(state)
     assert float(again.state_dict()["state"][0]["step"]) == 2.0
     torch.testing.assert_close(again.state_dict()["state"][1]["exp_avg"], state["state"][1]["exp_avg"])
+
+
+def test_bf16_state_dict_round_trip_keeps_fp32_host_state() -> None:
+    """torch's load_state_dict casts state to the parameter dtype; HostAdamW keeps fp32 masters and moments."""
+    params = _params(torch.bfloat16)
+    opt = HostAdamW(params, lr=1e-3)
+    _grads(0, params)
+    opt.step()
+    state = opt.state_dict()
+    fresh = _params(torch.bfloat16)
+    again = HostAdamW(fresh, lr=1e-3)
+    again.load_state_dict(state)
+    for p, q in zip(params, fresh):
+        for key in ("master", "exp_avg", "exp_avg_sq"):
+            assert again.state[q][key].dtype == torch.float32 and again.state[q][key].device.type == "cpu"
+            assert torch.equal(again.state[q][key], opt.state[p][key])
+    _grads(1, params), _grads(1, fresh)
+    opt.step(), again.step()  # the next step runs and continues identically
+    assert all(torch.equal(p, q) for p, q in zip(params, fresh))
+
+
+def test_build_optimizer_refuses_host_adamw_with_several_processes() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from easy_context.optim import build_optimizer
+
+    acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None), num_processes=2)
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        build_optimizer(_params(torch.float32), acc, lr=1e-3, name="host_adamw")
+    acc.num_processes = 1
+    assert isinstance(build_optimizer(_params(torch.float32), acc, lr=1e-3, name="host_adamw"), HostAdamW)

@@ -168,6 +168,14 @@ def test_replay_attention_checkpointing(model_type: str, offload: bool) -> None:
     assert calls == {False: 2 * LAYERS, True: LAYERS}
 
 
+def test_attn_checkpointing_needs_easy_context_attention() -> None:
+    """'attn' on a model that attends with its own sdpa would silently be 'full': it raises instead."""
+    from easy_context.memory import apply_checkpointing
+
+    with pytest.raises(ValueError, match="apply_seq_parallel_monkey_patch"):
+        apply_checkpointing(_model("llama"), "attn")
+
+
 def test_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     """offload_layers=1: only the first layer's input goes to the host (pageable); grads unchanged."""
     if "llama" not in _REFERENCE:

@@ -150,5 +150,8 @@ def test_kernel_calls_split_over_heads_past_the_element_limit(monkeypatch, limit
     assert rel_err(split_out, out) < 1e-6 and rel_err(split_lse, lse) < 1e-6
     for got, want in zip(split_grads, grads):
         assert got.shape == want.shape and got.dtype == want.dtype and rel_err(got, want) < 1e-6
+    k2 = _rand(2, 48, 3, 64, seed=9)  # K/V twice q's length (a zigzag off-diagonal block): 18432 elements
+    assert base.head_groups(q, k2, limit=18432) is None
+    assert len(base.head_groups(q, k2, limit=18432, expands_kv=True)) == 3  # expanded K/V: 36864 -> 3 calls
     with pytest.raises(ValueError, match="sequence parallelism"):
         base.head_groups(q, k, limit=24 * 64)  # one head over 2 x 24 tokens is already past it

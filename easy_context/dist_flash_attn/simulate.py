@@ -33,7 +33,7 @@ def _counting(kernel: AttnKernel, calls: list[int], rank: int) -> AttnKernel:
         calls[rank] += 1
         return kernel.backward_impl(*args)
 
-    return AttnKernel(kernel.name, fwd, bwd)
+    return AttnKernel(kernel.name, fwd, bwd, kernel.expands_kv)
 
 
 def _drive_virtual(progs: list, causal: bool, backward: bool, stats: VirtualStats | None) -> None:

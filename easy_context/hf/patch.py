@@ -101,12 +101,13 @@ def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str,
     """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
 
     ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
-    without a ``kernel`` leaves the model's own attention untouched; with one, the model attends through that
-    local kernel (and so supports checkpoint-after-attention). Returns the model (None for a model-type string).
+    leaves the model's own attention untouched unless a named ``kernel`` (not ``"auto"``) is given; then the model
+    attends through that local kernel (needed for checkpoint-after-attention). Returns the model (None for a
+    model-type string).
     """
     algo = get_seq_algo(seq_algo)
     algo.attn_func(**options)  # validates the options now, not at the first forward
-    patches = algo.distributed or "kernel" in options
+    patches = algo.distributed or options.get("kernel", "auto") != "auto"
     if isinstance(model, str):
         if patches:
             _TYPE_PATCHES[model] = (seq_algo, dict(options))

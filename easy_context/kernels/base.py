@@ -39,12 +39,13 @@ class AttnKernel:
     name: str
     forward_impl: ForwardFn
     backward_impl: BackwardFn
+    expands_kv: bool = False  # repeats K/V to the query heads inside the call (counts toward its size)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         check_shapes(q, k, v, causal)
-        groups = head_groups(q, k)
+        groups = head_groups(q, k, expands_kv=self.expands_kv)
         if groups is None:
             return self.forward_impl(q, k, v, causal, softmax_scale)
         outs, lses = zip(*(self.forward_impl(q[:, :, qs].contiguous(), k[:, :, ks].contiguous(),
@@ -63,7 +64,7 @@ class AttnKernel:
         causal: bool,
         softmax_scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        groups = head_groups(q, k)
+        groups = head_groups(q, k, expands_kv=self.expands_kv)
         if groups is None:
             return self.backward_impl(dout, q, k, v, out, lse, causal, softmax_scale)
         dq = torch.empty_like(q)
@@ -85,9 +86,12 @@ class AttnKernel:
 MAX_KERNEL_ELEMENTS = int(os.environ.get("EASY_CONTEXT_MAX_KERNEL_ELEMENTS", 2**31 - 1))
 
 
-def head_groups(q: torch.Tensor, k: torch.Tensor, limit: int | None = None) -> list[tuple[slice, slice]] | None:
+def head_groups(
+    q: torch.Tensor, k: torch.Tensor, limit: int | None = None, expands_kv: bool = False
+) -> list[tuple[slice, slice]] | None:
     """(query-head slice, K/V-head slice) pairs splitting one call into calls whose q, k, v, out and fp32
     workspaces each stay within ``limit`` elements; None when one call already does (the common case).
+    ``expands_kv``: the kernel repeats K/V to the query heads, so K/V count with the query heads of the call.
 
     Attention is independent per head, so the split is exact. Chunks hold whole GQA groups when they can; past
     that, a chunk of query heads shares one K/V head (and the backward adds their dK/dV).
@@ -96,19 +100,20 @@ def head_groups(q: torch.Tensor, k: torch.Tensor, limit: int | None = None) -> l
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     per_q_head, per_kv_head = b * sq * d, b * sk * d
-    if max(per_q_head * hq, per_kv_head * hkv) <= limit:
+    rep = hq // hkv
+    kv_heads = (lambda c: c) if expands_kv else (lambda c: max(1, c // rep))  # K/V heads of a call with c q heads
+    if max(per_q_head * hq, per_kv_head * kv_heads(hq)) <= limit:
         return None
     if max(per_q_head, per_kv_head) > limit:
         raise ValueError(
             f"attention of one head over {max(sq, sk)} tokens (batch {b}, head_dim {d}) exceeds {limit} elements "
             "per kernel call; shard the sequence over more ranks (sequence parallelism)"
         )
-    rep = hq // hkv
     for n in range(2, hq + 1):  # fewest chunks that fit, aligned to the GQA groups
         if hq % n or (n <= hkv and hkv % n) or (n > hkv and n % hkv):
             continue
         c = hq // n
-        if per_q_head * c <= limit and per_kv_head * max(1, c // rep) <= limit:
+        if per_q_head * c <= limit and per_kv_head * kv_heads(c) <= limit:
             return [(slice(i * c, (i + 1) * c), slice(i * c // rep, (i * c + c - 1) // rep + 1)) for i in range(n)]
     raise ValueError(f"cannot split {hq} query / {hkv} key-value heads into kernel calls of <= {limit} elements")
 

@@ -133,4 +133,4 @@ def efficient_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
 
 CUDNN = AttnKernel("cudnn", cudnn_forward, cudnn_backward)
 FLASH = AttnKernel("flash", flash_forward, flash_backward)
-EFFICIENT = AttnKernel("efficient", efficient_forward, efficient_backward)
+EFFICIENT = AttnKernel("efficient", efficient_forward, efficient_backward, expands_kv=True)

@@ -47,4 +47,4 @@ def math_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
     return dq.to(q.dtype), sum_kv_groups(dk, h_kv).to(k.dtype), sum_kv_groups(dv, h_kv).to(v.dtype)
 
 
-MATH = AttnKernel("math", math_forward, math_backward)
+MATH = AttnKernel("math", math_forward, math_backward, expands_kv=True)

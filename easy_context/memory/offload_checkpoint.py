@@ -186,6 +186,12 @@ def apply_checkpointing(model: torch.nn.Module, mode: str) -> torch.nn.Module:
         raise ValueError(f"unknown checkpointing mode {mode!r}; choose one of {list(CHECKPOINT_MODES)}")
     if mode == "none":
         return model
+    impl = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
+    if mode.startswith("attn") and not impl.startswith("easy_context"):
+        raise ValueError(
+            f"checkpointing {mode!r} keeps the output of easy_context attention, but this model attends with "
+            f"{impl!r}: call easy_context.apply_seq_parallel_monkey_patch first (data_parallel: with a named kernel)"
+        )
     return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"))
 
 
