@@ -1,0 +1,28 @@
+"""bench/peers.py on CPU/gloo: DeepSpeed's Ulysses DistributedAttention and our backends agree with one
+single-process attention call on the same inputs (the comparison harness itself is right)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_peers_agree_on_cpu(tmp_path):
+    out = tmp_path / "peers.json"
+    impls = ["ours:zigzag_ring_attn:cpu", "ours:ulysses_attn:cpu", "deepspeed_ulysses"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "bench/peers.py",
+           "--device", "cpu", "--seq", "128", "--heads", "4", "--heads-kv", "2", "--head-dim", "16", "--iters", "1",
+           "--json", str(out), "--impls", *impls]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(out.read_text())}
+    assert rows.keys() == set(impls)
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert max(row[k] for k in ("out", "dq", "dk", "dv")) < 1e-5, row
