@@ -35,7 +35,7 @@ from easy_context.loss import (
     global_mean_for_logging,
     global_mean_loss,
 )
-from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_tiled_mlp
+from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model
 from easy_context.optim import OPTIMIZERS, build_optimizer
@@ -78,6 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="full",
         choices=list(CHECKPOINT_MODES),
         help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
+    )
+    p.add_argument(
+        "--chunked-rmsnorm",
+        action="store_true",
+        help="RMSNorms without fp32 (seq, hidden) copies (same values; the long-context memory peak)",
     )
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
     p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS)
@@ -167,6 +172,8 @@ def main(argv=None) -> None:
     apply_checkpointing(model, args.checkpointing)  # per decoder layer
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
+    if args.chunked_rmsnorm:
+        enable_chunked_rmsnorm(model)
     train_model = CausalLMWithLoss(model, impl=args.loss)
     try:
         dataset = load_train_dataset(args.dataset, tokenizer, args.seq_length, seed=args.seed,

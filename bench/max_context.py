@@ -47,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel", default="auto")
     p.add_argument("--offload-layers", default="auto", help="'auto' (what the host holds), 'all', or a number")
     p.add_argument("--host-reserve-gb", type=float, default=8.0, help="host memory kept free for the runtime")
+    p.add_argument("--chunked-rmsnorm", action="store_true", help="easy_context.memory.enable_chunked_rmsnorm")
     p.add_argument("--mlp-tile-tokens", type=int, default=8192)
     p.add_argument("--optimizer", default="host_adamw", choices=["host_adamw", "adamw"])
     p.add_argument("--timeout", type=int, default=900, help="seconds per probe")
@@ -83,7 +84,7 @@ def run_probe(args, seq: int) -> dict:
     from easy_context.host_adamw import HostAdamW
     from easy_context.kernels import get_kernel
     from easy_context.loss import CausalLMWithLoss
-    from easy_context.memory import enable_offloaded_checkpointing, enable_tiled_mlp
+    from easy_context.memory import enable_chunked_rmsnorm, enable_offloaded_checkpointing, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,6 +102,8 @@ def run_probe(args, seq: int) -> dict:
     ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=kernel)  # our kernel interface, named
     enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False)
     enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)
+    if args.chunked_rmsnorm:
+        enable_chunked_rmsnorm(model)
     with_loss = CausalLMWithLoss(model, impl="chunked")
     params = [p for p in model.parameters() if p.requires_grad]
     if args.optimizer == "host_adamw":

@@ -39,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel", default="auto", help="local attention kernel (cudnn, flash, efficient, auto, cpu)")
     p.add_argument("--loss", default="chunked", help="LM-head loss (chunked, plain, liger, cce)")
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES")
+    p.add_argument("--chunked-rmsnorm", action="store_true", help="easy_context.memory.enable_chunked_rmsnorm")
     p.add_argument("--compile", action="store_true", help="torch.compile the norms, MLP and RoPE of every layer")
     p.add_argument("--baseline", action="store_true", help="stock transformers sdpa + HF loss + checkpointing")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -72,7 +73,7 @@ def build(args, seq: int):
     import easy_context as ec
     from easy_context.kernels import get_kernel
     from easy_context.loss import CausalLMWithLoss
-    from easy_context.memory import apply_checkpointing, enable_tiled_mlp
+    from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
 
     dtype = getattr(torch, args.dtype)
@@ -91,6 +92,8 @@ def build(args, seq: int):
     apply_checkpointing(model, args.checkpointing)
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
+    if args.chunked_rmsnorm:
+        enable_chunked_rmsnorm(model)
     if args.compile:
         compile_layers(model)
     return model, CausalLMWithLoss(model, impl=args.loss), device

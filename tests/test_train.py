@@ -84,7 +84,7 @@ def test_sp_reproduces_data_parallel_and_saves_hf_checkpoint(data_dir, tmp_path)
     run_train(data_dir, tmp_path / "uly", "--parallel_mode", "ulysses_attn", "--checkpointing", "offload",
               "--tiled-mlp", "3", procs=2)  # fmt: skip
     run_train(data_dir, tmp_path / "host", "--parallel_mode", "data_parallel", "--checkpointing", "attn",
-              "--optimizer", "host_adamw")  # fmt: skip  # checkpoint-after-attention + host optimizer states
+              "--optimizer", "host_adamw", "--chunked-rmsnorm")  # fmt: skip  # one-GPU long-context stack
     ref = losses(tmp_path / "dp")
     assert len(ref) == 4
     assert "HostAdamW" in (tmp_path / "host" / "engine.txt").read_text()

@@ -21,14 +21,17 @@ from .offload_checkpoint import (
     offloaded_checkpoint,
     revert_unsloth_offloaded_gradient_checkpoint_monkey_patch,
 )
+from .rmsnorm import RMSNormFunction, enable_chunked_rmsnorm
 from .tiled_mlp import TiledMLPFunction, enable_tiled_mlp, tile_bounds, tile_mlp_module, tiled_mlp
 
 __all__ = [
     "CHECKPOINT_MODES",
     "HostCopy",
     "apply_checkpointing",
+    "RMSNormFunction",
     "TiledMLPFunction",
     "apply_unsloth_offloaded_gradient_checkpoint_monkey_patch",
+    "enable_chunked_rmsnorm",
     "enable_offloaded_checkpointing",
     "enable_tiled_mlp",
     "offload_saved_tensors",
