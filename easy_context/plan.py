@@ -5,6 +5,8 @@ prints, for every sequence-parallel (SP) mode x memory option, the longest full 
 (forward, backward, optimizer step; micro-batch 1) fits in ``--gpu-mem`` per GPU and ``--host-mem`` per node,
 and the per-component byte budget at one S. ``--json`` prints the same as JSON. Nothing is run or downloaded.
 ``--validate FILE`` compares the model with measured probes of ``bench/max_context.py`` (see "Validation").
+``--norm chunked`` plans for :func:`easy_context.memory.enable_chunked_rmsnorm` instead of transformers' eager
+RMSNorm (see "RMSNorm"; a prediction, not yet validated on a GPU).
 
 Units: GB = 1e9 bytes, GiB = 2**30 bytes (``--gpu-mem 80GB`` is 80e9 bytes; an "80GB" H100 really has 80 GiB,
 so pass ``80GiB`` for the full card). Output is in GB (1e9); ``--validate`` prints GiB like the measurements.
@@ -81,6 +83,25 @@ Memory options (``--options``; a configuration is ``full``, ``offload`` or ``off
   ``--mlp-tile-tokens N``: tiles of N tokens, ``enable_tiled_mlp(model, tile_tokens=N)``).
 - ``+chunked``: chunked linear cross-entropy (``--loss-chunk``, 1024).
 
+RMSNorm (``--norm``): every Llama-style decoder layer has two, the input norm (its input is the layer input x,
+alive anyway as the checkpoint or the recompute input) and the post-attention norm (its input h1 = x + attn out),
+plus the final norm before the LM head. Per (s, h) norm:
+
+- ``eager`` (default; transformers' ``LlamaRMSNorm.forward``, what every measured probe ran): autograd saves
+  the fp32 upcast of the input (2A), the bf16 normalized x_hat (A) and the fp32 rstd (4 B per token), so the
+  bf16 input itself is not kept (h1 is freed after the forward); the output is bf16 (A). Its backward holds
+  5 fp32 (s, h) temporaries at once (10A; in ``pow``'s backward, see ``norm bwd``) next to the fp32 copy.
+- ``chunked`` (``enable_chunked_rmsnorm``: :class:`easy_context.memory.rmsnorm.RMSNormFunction`): saves its
+  input by reference (the input norm: x, no new bytes; the post-attention norm: h1, which now stays alive, A;
+  the final norm: the last layer's output, A) and the fp32 rstd (4 B); the output is bf16 (A). Its backward
+  allocates its input gradient dx whole (bf16, A) and the fp32 weight-gradient accumulator (4 h B), then walks
+  the rows in chunks of 4096: its fp32 temporaries are a fixed ~5 x 4096 x h x 4 B (4.5 counted op by op;
+  0.34 GB at h = 4096), whatever s; its incoming gradient (A) stays alive through it. Its forward works on the
+  same chunks (~3 x 4096 x h x 4 B transient, below any phase). This model is a prediction from the code, not
+  yet validated on a GPU (``bench/max_context.py --chunked-rmsnorm`` probes would be: ``--validate`` reads the
+  flag from a probe's command). Qwen3's per-head q/k norms, which ``enable_chunked_rmsnorm`` patches too, are in
+neither model (see "Not modelled").
+
 Persistent GPU tensors (the whole step): CUDA context (``--cuda-reserve``, 1.5 GB) and NCCL buffers (0.5 GB
 when W > 1), both outside the caching allocator; input ids, labels, position ids (3 x int64 = 24 B/token);
 RoPE cos and sin (bf16, 4 d B/token); the GPU-resident model states of ``--optim``.
@@ -93,43 +114,50 @@ checkpoints are consumed, so the same phases at the last layer (``... @ layer 0`
 unless ``full``, nearly all gradients) are moments of their own; the per-layer bytes vary linearly between the
 two, so the peak is at one of them.
 
-- ``attn fwd`` (recompute of one layer, in the attention kernel): x (offloaded layers: back on the GPU, A), dy
-  (A), what HF's eager RMSNorm saves (``x.float()``: 2A, the bf16 normalized x_hat: A, fp32 rstd: 4 B) and its
-  output n1 (A), q, k, v after RoPE (Q + 2K; RoPE saves only cos/sin, the pre-RoPE projections are freed), and
-  the attention forward buffers of the mode: ring (zigzag, dist_flash, the ring part of usp): the stacked K/V
-  copy (2 Kr) and the K/V in flight (2 Kr, when ring degree > 1), fp32 output + LSE accumulators (Qf + LSE),
-  one block's kernel out + lse (Q + LSE); dist_flash also a borrowed q (Q) and a helper's partial fp32 out +
-  lse (Qf + LSE); local kernel (data_parallel, ulysses): out + lse (Q + LSE); Ulysses (ulysses, usp): the
-  all-to-all copies q', k', v' (Q + 2 Kr, input and output of the exchange both alive) and the replicated K/V
-  before the exchange (2 Kr when r > 1).
-- ``mlp bwd`` (backward of the recomputed layer's MLP): dy (A), everything the attention half saved: input
-  norm (3A + 4 B) and n1 (A), attention saved tensors (q, k, v, out -- out is also o_proj's saved input, same
-  storage: 2Q + 2K + LSE; Ulysses: q', k', v', out' and the gathered-back out: 3Q + 2Kr + LSE), the post norm's
-  saved fp32 copy of h1 = x + attn and bf16 h1_hat (3A + 4 B; h1 itself is freed), n2 (A); the MLP
-  ``down(silu(gate(n2)) * up(n2))``: saved gate, up, silu(gate), product (4M) + at the product's backward
-  d(product), d(silu), d(up) minus the freed product (2M more): 6M untiled. Tiled MLP
-  (``easy_context.memory.tiled_mlp``): one tile's 6M (6 x tile x i x 2 B), its input gradient d n2 allocated
-  whole up front (A), and the fp32 gradient accumulators of the MLP weights (3 h i x 4 B). Gather modes: the
-  layer's bf16 parameter gradients (2 B x layer params).
-- ``norm bwd`` (backward of the post-attention RMSNorm; with a tiled MLP the largest moment of a layer): the
-  attention half's saved tensors as above, dy (A), the norm's saved fp32 h1 copy + rstd (2A + 4 B), and the
-  fp32 temporaries of HF's eager RMSNorm autograd graph, 5 x 2A = 10A alive at once (in ``pow``'s backward:
-  the gradient through ``x * rstd`` waiting to be summed, the mean's expanded gradient, ``x.pow(1)``,
-  ``2 x`` and their product; measured op by op on CPU with a scaled model). The MLP's tensors are freed by then.
-- ``attn bwd`` (backward of the distributed attention): input norm (3A + 4 B), n1 (A), attention saved
-  tensors, d h1 (A; it is also x's gradient through the residual, nothing else is accumulated yet), d out (Q);
-  backward buffers: ring: stacked K/V + in flight (2 Kr + 2 Kr), fp32 dq accumulator (Qf), fp32 dK/dV
-  travelling: current and in flight (4 Kr + 4 Kr), one block's kernel gradients (Q + 2 Kr), kernel workspace
-  (fp32 dq accumulator and delta: Qf + LSE); dist_flash also borrowed q, dout, out + lse (3Q + LSE) and a
-  partial fp32 dq (Qf); local kernel: gradients (Q + 2 Kr; under Ulysses these are dq', dk', dv') + workspace
-  (Qf + LSE); Ulysses: the exchanged d out' and the dq, dk, dv exchanged back (2Q + 2 Kr). Gather modes: the
-  layer's bf16 parameter gradients.
-- ``loss`` (first moment of the backward): what the final norm saved (3A + 4 B) and its output (A), d hidden
-  (A); plain loss (HF: bf16 logits, fp32 upcast, fp32 log-softmax): V x (2 + 4 + 4) B per token; chunked
-  linear CE (``--loss chunked``, chunk 1024): 3 fp32 (chunk, V) buffers (constant) + fp32 lse, int64 target,
-  bool valid per token (13 B), and its fp32 LM-head gradient accumulator (4 B x V h, cast to bf16 at the end:
-  + 2 B x V h); gather modes: the LM head gathered (2 B x V h) and, plain loss, its bf16 gradient. The final
-  norm's own backward (2A + 4 B + 10A) is a subset of the top layer's ``norm bwd``, so not a phase.
+- ``attn fwd`` (recompute of one layer, in the attention kernel): x (offloaded layers: back on the GPU, A), dy (A),
+  what the input RMSNorm saves (eager: ``x.float()``: 2A, the bf16 normalized x_hat: A, fp32 rstd: 4 B; chunked: x
+  by reference and rstd: 4 B) and its output n1 (A), q, k, v after RoPE (Q + 2K; RoPE saves only cos/sin, the
+  pre-RoPE projections are freed), and the attention forward buffers of the mode: ring (zigzag, dist_flash, the ring
+  part of usp): the stacked K/V copy (2 Kr) and the K/V in flight (2 Kr, when ring degree > 1), fp32 output + LSE
+  accumulators (Qf + LSE), one block's kernel out + lse (Q + LSE); dist_flash also a borrowed q (Q) and a helper's
+  partial fp32 out + lse (Qf + LSE); local kernel (data_parallel, ulysses): out + lse (Q + LSE); Ulysses (ulysses,
+  usp): the all-to-all copies q', k', v' (Q + 2 Kr, input and output of the exchange both alive) and the replicated
+  K/V before the exchange (2 Kr when r > 1).
+- ``mlp bwd`` (backward of the recomputed layer's MLP): dy (A), everything the attention half saved: input norm
+  (eager 3A + 4 B, chunked 4 B) and n1 (A), attention saved tensors (q, k, v, out -- out is also o_proj's saved
+  input, same storage: 2Q + 2K + LSE; Ulysses: q', k', v', out' and the gathered-back out: 3Q + 2Kr + LSE), what the
+  post norm saved (eager: fp32 copy of h1 = x + attn and bf16 h1_hat, 3A + 4 B, h1 itself is freed; chunked: h1
+  itself and rstd, A + 4 B), n2 (A); the MLP ``down(silu(gate(n2)) * up(n2))``: saved gate, up, silu(gate), product
+  (4M) + at the product's backward d(product), d(silu), d(up) minus the freed product (2M more): 6M untiled. Tiled
+  MLP (``easy_context.memory.tiled_mlp``): one tile's 6M (6 x tile x i x 2 B), its input gradient d n2 allocated
+  whole up front (A), and the fp32 gradient accumulators of the MLP weights (3 h i x 4 B). Gather modes: the layer's
+  bf16 parameter gradients (2 B x layer params).
+- ``norm bwd`` (backward of the post-attention RMSNorm): the attention half's saved tensors as above, dy (A), and:
+  eager (with a tiled MLP the largest moment of a layer, the peak of every measured probe): the norm's saved fp32 h1
+  copy + rstd (2A + 4 B) and the fp32 temporaries of HF's eager RMSNorm autograd graph, 5 x 2A = 10A alive at once
+  (in ``pow``'s backward: the gradient through ``x * rstd`` waiting to be summed, the mean's expanded gradient,
+  ``x.pow(1)``, ``2 x`` and their product; measured op by op on CPU with a scaled model; its incoming gradient d n2
+  and the bf16 h1_hat are consumed by then); chunked: h1 + rstd (A + 4 B), its incoming gradient d n2 (A), its dx
+  (A) and the fixed chunk temporaries + fp32 d weight -- the same bytes per token as ``mlp bwd`` with tiles of a
+  fixed size, so a moment that only its fixed bytes can make the peak (for Llama 7B/8B: 0.34 GB against the MLP's 6M
+  x tile + 12 h i, 1.6 .. 2.1 GB with 8192-token tiles; a tiny model's tiles can be smaller). The MLP's tensors are
+  freed by then. The input norm's backward (after ``attn bwd``: the attention's saved tensors freed, x, d h1, d n1 +
+  the same norm terms) is smaller in both models, so not a phase.
+- ``attn bwd`` (backward of the distributed attention): input norm (eager 3A + 4 B, chunked 4 B), n1 (A), attention
+  saved tensors, d h1 (A; it is also x's gradient through the residual, nothing else is accumulated yet), d out (Q);
+  backward buffers: ring: stacked K/V + in flight (2 Kr + 2 Kr), fp32 dq accumulator (Qf), fp32 dK/dV travelling:
+  current and in flight (4 Kr + 4 Kr), one block's kernel gradients (Q + 2 Kr), kernel workspace (fp32 dq
+  accumulator and delta: Qf + LSE); dist_flash also borrowed q, dout, out + lse (3Q + LSE) and a partial fp32 dq
+  (Qf); local kernel: gradients (Q + 2 Kr; under Ulysses these are dq', dk', dv') + workspace (Qf + LSE); Ulysses:
+  the exchanged d out' and the dq, dk, dv exchanged back (2Q + 2 Kr). Gather modes: the layer's bf16 parameter
+  gradients.
+- ``loss`` (first moment of the backward): what the final norm saved (eager 3A + 4 B; chunked: its input, the last
+  layer's output, kept alive, and rstd: A + 4 B) and its output (A), d hidden (A); plain loss (HF: bf16 logits, fp32
+  upcast, fp32 log-softmax): V x (2 + 4 + 4) B per token; chunked linear CE (``--loss chunked``, chunk 1024): 3 fp32
+  (chunk, V) buffers (constant) + fp32 lse, int64 target, bool valid per token (13 B), and its fp32 LM-head gradient
+  accumulator (4 B x V h, cast to bf16 at the end: + 2 B x V h); gather modes: the LM head gathered (2 B x V h) and,
+  plain loss, its bf16 gradient. The final norm's own backward (eager 2A + 4 B + 10A; chunked A + 4 B + d out + dx +
+  the chunk temporaries) is a subset of the top layer's ``norm bwd``, so not a phase.
 - ``embedding bwd``: d embeddings (A), the CUDA embedding backward's fp32 per-segment partial sums (at most 2A)
   and, gather modes, the embedding weight gathered and its bf16 gradient.
 - ``optimizer step``: no activations; the optimizer's transients (see ``--optim``).
@@ -147,16 +175,20 @@ Allocator and host:
   ``offload-split``, pageable), and a runtime reserve per process (``--host-reserve``, 3 GB: torch/CUDA/DeepSpeed
   libraries, the data loader; a bare ``bench/max_context.py`` process measured 1.6 .. 2.1 GiB).
 
-Not modelled: micro-batch > 1 (multiply s), attention masks / padding, sliding windows, ``checkpoint_after_attention``
-(+ Q + LSE per layer kept, less recompute), Liger/CCE fused losses, fused RMSNorm kernels (no 10A fp32
-temporaries), compile/cuda-graph pools, loading spikes, the extra copies when an attention call is split over
-heads (tensors past 2**31 elements: ``easy_context.kernels.base.head_groups``), ``HostAdamW``'s first step
-with its state still unallocated (``--validate`` reports that case separately).
+Not modelled: micro-batch > 1 (multiply s), attention masks / padding, sliding windows,
+``checkpoint_after_attention`` (+ Q + LSE per layer kept, less recompute), Liger/CCE fused losses, fused RMSNorm
+kernels (e.g. Liger's: no 10A fp32 temporaries, roughly ``--norm chunked``), Qwen3's per-head q/k RMSNorms over
+head_dim (in neither norm model; eager they would save 3Q + 3K + 4 (n_h + n_kv) B per token per layer and make fp32
+q/k-sized temporaries in the backward, chunked the pre-norm q and k, Q + K, and the rstd; their weights, 2 d per
+layer, are not in P either), compile/cuda-graph pools, loading spikes, the extra copies when an attention call is
+split over heads (tensors past 2**31 elements: ``easy_context.kernels.base.head_groups``), ``HostAdamW``'s first
+step with its state still unallocated (``--validate`` reports that case separately).
 
 Validation (``python -m easy_context.plan --validate docs/results/h200_max_context.jsonl``)
 -----------------------------------------------------------------------------------------
 One H200 (139.8 GiB), torch 2.11, ``bench/max_context.py``: ``data_parallel``, cuDNN attention, ``host_adamw``,
-``offload-split`` (k = the probe's own), tiles of 8192 tokens, chunked loss; GiB, measured / predicted:
+``offload-split`` (k = the probe's own), tiles of 8192 tokens, chunked loss, eager RMSNorm (``--norm eager``);
+GiB, measured / predicted:
 
 ==============  =======  ==  ===============  ===============  ==================  ====================
 model           S        k   GPU allocated    GPU reserved     peak phase          host RSS (pred.)
@@ -177,24 +209,26 @@ what these processes used.
 
 Sanity anchors (published; not fitted -- ``python -m easy_context.plan --model llama-3-8b --anchors`` prints them):
 
-=====================================================  =========  ==========================================
-setting (planner mode, option set)                     published  this model (bound)
-=====================================================  =========  ==========================================
-ALST Llama-3-8B, 1x H100 80 GiB, host 1 TB (dp, all)   500K       462,848 (GPU, norm bwd)
-ALST Llama-3-8B, 1x H200 141 GB, host 2 TB (dp, all)   1.2M       774,144 (GPU, norm bwd)
-ALST Llama-3-8B, 8x H100 80 GiB, host 2 TB (ulysses)   3.7M       3,501,056 (GPU, norm bwd)
-EasyContext Llama-2-7B, 8x A100 80 GiB (zigzag,        700K       1,631,232 (GPU, loss: plain logits)
+=====================================================  =========  ==========================  =========================
+setting (planner mode, option set)                     published  eager norm (bound)          chunked norm (bound)
+=====================================================  =========  ==========================  =========================
+ALST Llama-3-8B, 1x H100 80 GiB, host 1 TB (dp, all)   500K       462,848 (GPU, norm bwd)     996,352 (GPU, attn bwd)
+ALST Llama-3-8B, 1x H200 141 GB, host 2 TB (dp, all)   1.2M       774,144 (GPU, norm bwd)     1,668,096 (GPU, attn bwd)
+ALST Llama-3-8B, 8x H100 80 GiB, host 2 TB (ulysses)   3.7M       3,501,056 (GPU, norm bwd)   4,194,304 (host)
+EasyContext Llama-2-7B, 8x A100 80 GiB (zigzag,        700K       1,631,232 (GPU, loss)       1,708,032 (GPU, loss)
 offload, plain logits)
-=====================================================  =========  ==========================================
+=====================================================  =========  ==========================  =========================
 
-The ALST numbers land within -35 % .. -5 %. This model counts HF's eager RMSNorm, whose backward holds 10A of
-fp32 temporaries (the bound of every row above, validated on our H200 stack); ALST's stack may use fused
-kernels for it (e.g. Liger's), and differs in the attention working set (their Ulysses + FA2 path); their
-lengths are round numbers from runs, not searched maxima. Without the RMSNorm temporaries this model gave
-600K / 1.0M / 3.87M. EasyContext's 700K is the length it demonstrated, not a searched limit; its stack
+With the eager norm (what our H200 stack validated) the ALST numbers land within -35 % .. -5 %: its backward's 10A
+of fp32 temporaries bound every ALST row. ALST's stack may use fused kernels for it (e.g. Liger's), and differs in
+the attention working set (their Ulysses + FA2 path); their lengths are round numbers from runs, not searched
+maxima. Without the RMSNorm temporaries (but with eager's saved fp32 copies) this model gave 600K / 1.0M / 3.87M;
+with the chunked norm (none of either; not validated on a GPU) +99 % / +39 % / +13 % over the published lengths,
+bounded by the attention backward (1 GPU) or by the 8 ranks' pinned checkpoints, each rounded up to a power of two,
+on the 2 TB host (8 GPUs). EasyContext's 700K is the length it demonstrated, not a searched limit; its stack
 (transformers 4.3x upcasting the full logits to fp32 inside the model on top of the loss's own fp32 copies,
-ring-flash-attn's per-step fp32 buffers, no ``expandable_segments``) holds more per token than counted here,
-so the planner's 1.63M is an upper bound for that stack (same order of magnitude).
+ring-flash-attn's per-step fp32 buffers, no ``expandable_segments``) holds more per token than counted here, so the
+planner's 1.63M is an upper bound for that stack (same order of magnitude).
 """
 
 from __future__ import annotations
@@ -213,6 +247,9 @@ OPTIMS = ("zero3_offload", "zero3_offload_optimizer", "zero3", "ddp", "host_adam
 MAX_LIVE_PARAMETERS = 1e9  # stage3_max_live_parameters in accelerate_configs/zero3_offload.json
 SUB_GROUP_SIZE = 1e9  # sub_group_size in the same file
 LOSS_CHUNK = 1024  # easy_context.loss.chunked_ce.DEFAULT_CHUNK_SIZE
+NORMS = ("eager", "chunked")  # transformers' eager RMSNorm, easy_context.memory.enable_chunked_rmsnorm
+NORM_CHUNK_ROWS = 4096  # easy_context.memory.rmsnorm.CHUNK_ROWS
+NORM_CHUNK_TEMPS = 5  # fp32 (chunk, h) temporaries alive at once in RMSNormFunction.backward (4.5 counted op by op)
 ROUND_TOKENS = 1024
 
 # The published shapes of these models (their config.json on the hub), for offline use.
@@ -411,10 +448,13 @@ class Setup:
     host_reserve: float = 3 * GB  # per process
     pinned_pow2: bool = True
     ring_degree: int | None = None  # usp_attn; None: the repo's default, else the next feasible
+    norm: str = "eager"  # RMSNorm autograd: "eager" (transformers') or "chunked" (enable_chunked_rmsnorm)
 
     def __post_init__(self):
         if self.optim not in OPTIMS:
             raise ValueError(f"optim must be one of {OPTIMS}, got {self.optim!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         self.gpus_per_node = self.gpus_per_node or min(self.gpus, 8)
         self.sp_size = self.sp_size or self.gpus
         if self.gpus % self.sp_size:
@@ -653,9 +693,18 @@ def build_budget(
     else:
         attn_saved = Term("attention saved: q, k, v, out, lse", per_token=2 * Q + 2 * K + LSE)
 
+    # RMSNorm (see "RMSNorm"): eager saves fp32 copies and its backward makes 5 fp32 (s, h) temporaries; chunked
+    # saves its input by reference + fp32 rstd, its backward works on (NORM_CHUNK_ROWS, h) fp32 chunks
+    chunked_norm = setup.norm == "chunked"
+    norm_temps = Term(f"chunked RMSNorm backward fp32 temporaries ({NORM_CHUNK_TEMPS} x {NORM_CHUNK_ROWS} x h x 4 B)"
+                      " + fp32 d weight", NORM_CHUNK_TEMPS * NORM_CHUNK_ROWS * h * 4 + 4 * h)  # fmt: skip
+
     # attn fwd (recompute)
-    norm1 = [Term("input norm saved: fp32 x copy + bf16 x_hat + fp32 rstd", per_token=3 * A + 4),
-             Term("n1 = input norm output", per_token=A)]  # fmt: skip
+    if chunked_norm:  # its input is x (the checkpoint / recompute input), counted already
+        norm1 = [Term("input norm saved: fp32 rstd (x by reference)", per_token=4)]
+    else:
+        norm1 = [Term("input norm saved: fp32 x copy + bf16 x_hat + fp32 rstd", per_token=3 * A + 4)]
+    norm1.append(Term("n1 = input norm output", per_token=A))
     dy = Term("dy (grad from the layer above)", per_token=A)
     fwd = norm1 + [dy, Term("q, k, v", per_token=Q + 2 * K)]
     if uly:
@@ -675,8 +724,11 @@ def build_budget(
 
     common = norm1 + [attn_saved]
     # mlp bwd
-    mlp = common + [dy, Term("post norm saved: fp32 h1 copy + bf16 h1_hat + fp32 rstd", per_token=3 * A + 4),
-                    Term("n2 = post norm output", per_token=A)]  # fmt: skip
+    if chunked_norm:  # h1 = x + attn out, kept alive by the norm (eager frees it: it saves an fp32 copy)
+        post_saved = Term("post norm saved: h1 (bf16, by reference) + fp32 rstd", per_token=A + 4)
+    else:
+        post_saved = Term("post norm saved: fp32 h1 copy + bf16 h1_hat + fp32 rstd", per_token=3 * A + 4)
+    mlp = common + [dy, post_saved, Term("n2 = post norm output", per_token=A)]
     if option.tiled_mlp:
         if setup.mlp_tile_tokens:
             t = setup.mlp_tile_tokens
@@ -690,9 +742,14 @@ def build_budget(
     else:
         mlp.append(Term("MLP: 6 x s x i x 2 B (gate, up, silu, prod + 2 grads)", per_token=6 * M))
 
-    # norm bwd: backward of the post-attention RMSNorm (HF eager: fp32 autograd temporaries)
-    norm = common + [dy, Term("post norm saved: fp32 h1 copy + fp32 rstd", per_token=2 * A + 4),
-                     Term("eager RMSNorm backward fp32 temporaries (5 x s x h x 4 B)", per_token=10 * A)]  # fmt: skip
+    # norm bwd: backward of the post-attention RMSNorm
+    if chunked_norm:  # its incoming gradient d n2 and its output dx are whole (s, h) bf16 tensors
+        norm = common + [dy, post_saved, Term("d n2 (the norm's incoming gradient)", per_token=A),
+                         Term("chunked RMSNorm dx (allocated whole)", per_token=A), norm_temps]  # fmt: skip
+    else:  # HF eager: fp32 autograd temporaries
+        norm = common + [dy, Term("post norm saved: fp32 h1 copy + fp32 rstd", per_token=2 * A + 4),
+                         Term("eager RMSNorm backward fp32 temporaries (5 x s x h x 4 B)",
+                              per_token=10 * A)]  # fmt: skip
 
     # attn bwd
     bwd = common + [
@@ -729,8 +786,11 @@ def build_budget(
         }
 
     # loss
-    loss = top_ckpt + [Term("final norm saved (fp32 copy, bf16 x_hat, rstd) + its output", per_token=4 * A + 4),
-                       Term("d hidden", per_token=A)]  # fmt: skip
+    if chunked_norm:
+        final_norm = Term("final norm saved (its input by reference, rstd) + its output", per_token=2 * A + 4)
+    else:
+        final_norm = Term("final norm saved (fp32 copy, bf16 x_hat, rstd) + its output", per_token=4 * A + 4)
+    loss = top_ckpt + [final_norm, Term("d hidden", per_token=A)]
     if option.chunked_loss:
         loss.append(Term(f"chunked CE: 3 x {setup.loss_chunk} x V fp32 buffers", 3 * setup.loss_chunk * V * 4))
         loss.append(Term("chunked CE: fp32 lse, int64 target, valid", per_token=13))
@@ -916,13 +976,31 @@ ANCHORS = (
 
 
 def anchors() -> list[dict]:
+    """The published settings next to this model's prediction with each RMSNorm model: ``predicted`` /
+    ``limited_by`` / ``config`` with transformers' eager norm (what the anchors table of the docstring shows),
+    ``predicted_chunked`` / ... with ``enable_chunked_rmsnorm`` (a prediction, not validated on a GPU yet)."""
     out = []
     for label, model, gpus, gmem, hmem, mode, opt, published in ANCHORS:
-        setup = Setup(gpus=gpus, gpu_mem=parse_size(gmem), host_mem=parse_size(hmem))
-        p = best_prediction(load_model_shape(model), setup, mode, OPTION_BY_NAME[opt])
-        out.append(dict(label=label, mode=mode, option=opt, gpu_mem=gmem, host_mem=hmem, published=published,
-                        predicted=p.max_seq, limited_by=p.limited_by, config=p.config))  # fmt: skip
+        row = dict(label=label, mode=mode, option=opt, gpu_mem=gmem, host_mem=hmem, published=published)
+        for norm in NORMS:
+            setup = Setup(gpus=gpus, gpu_mem=parse_size(gmem), host_mem=parse_size(hmem), norm=norm)
+            p = best_prediction(load_model_shape(model), setup, mode, OPTION_BY_NAME[opt])
+            suffix = "" if norm == "eager" else f"_{norm}"
+            row |= {f"predicted{suffix}": p.max_seq, f"limited_by{suffix}": p.limited_by, f"config{suffix}": p.config}
+        out.append(row)
     return out
+
+
+def format_anchors(rows: list[dict]) -> str:
+    head = (f"  {'setting':<37}{'mode':<18}{'option':<23}{'published':>10}  {'eager norm (bound)':<29}"
+            f"chunked norm (bound)")  # fmt: skip
+    lines = ["Published anchors vs this model (not fitted; chunked norm: a prediction, not yet validated on a GPU):",
+             head, "  " + "-" * (len(head) - 2)]  # fmt: skip
+    for a in rows:
+        eager = f"{a['predicted']:>10,} ({a['limited_by']})"
+        chunked = f"{a['predicted_chunked']:>10,} ({a['limited_by_chunked']})"
+        lines.append(f"  {a['label']:<37}{a['mode']:<18}{a['option']:<23}{a['published']:>10,}  {eager:<29}{chunked}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------- validation
@@ -951,7 +1029,8 @@ def validate_probe(row: dict, **setup_kw) -> dict:
     """The planner at one measured probe of ``bench/max_context.py`` (one GPU, ``data_parallel``, micro-batch 1,
     ``offload-split+tiled+chunked`` with the probe's own number of offloaded layers ``offload_layers``, its MLP
     tile, chunk-1024 loss), next to what was measured. ``setup_kw`` overrides :class:`Setup` fields (frag,
-    cuda_reserve, host_reserve, ...). Sizes in GiB; ``err_*`` = predicted / measured - 1.
+    cuda_reserve, host_reserve, ...); ``norm`` defaults to the probe's own (``chunked`` when its command has
+    ``--chunked-rmsnorm``, else ``eager``). Sizes in GiB; ``err_*`` = predicted / measured - 1.
 
     GPU: ``pred_gpu_allocated`` (the tensors of the peak phase) is compared with the measured peak allocated,
     ``pred_gpu_reserved`` (allocated x (1 + frag): what the caching allocator holds) with the measured peak
@@ -964,8 +1043,9 @@ def validate_probe(row: dict, **setup_kw) -> dict:
     shape = load_model_shape(row["model"].removeprefix("shape:"), vocab)
     kw = dict(gpus=1, gpu_mem=row.get("gpu_total_gib", 80) * GIB, host_mem=parse_size("1TB"),
               optim=PROBE_OPTIMIZERS[row.get("optimizer", "host_adamw")],
-              mlp_tile_tokens=_flag(command, "--mlp-tile-tokens") or 8192)  # fmt: skip
-    setup = Setup(**(kw | setup_kw))
+              mlp_tile_tokens=_flag(command, "--mlp-tile-tokens") or 8192,
+              norm="chunked" if re.search(r"--chunked-rmsnorm\b", command) else "eager")  # fmt: skip
+    setup = Setup(**(kw | {k: v for k, v in setup_kw.items() if v is not None}))
     option = parse_config("offload-split+tiled+chunked")
     k = int(row["offload_layers"])
     r = build_budget(shape, setup, "data_parallel", option, offload_layers=k).at(int(row["seq"]))
@@ -976,6 +1056,7 @@ def validate_probe(row: dict, **setup_kw) -> dict:
         model=shape.name,
         seq=int(row["seq"]),
         offload_layers=k,
+        norm=setup.norm,
         params=shape.params,
         params_measured=row.get("params"),
         gpu_phase=r["peak_phase"],
@@ -998,21 +1079,22 @@ def validate_probe(row: dict, **setup_kw) -> dict:
 
 def format_validation(checks: list[dict]) -> str:
     head = (
-        f"{'model':<11}{'S':>9}{'k':>4} | {'GPU allocated':>13}{'pred':>7}{'err':>7} | {'reserved':>8}{'pred':>7}"
-        f"{'err':>7} | {'GPU peak phase':<19}| {'host RSS':>8}{'steady':>8}{'err':>7}{'lazy':>8}{'err':>7}"
+        f"{'model':<11}{'S':>9}{'k':>4} {'norm':<8}| {'GPU allocated':>13}{'pred':>7}{'err':>7} | {'reserved':>8}"
+        f"{'pred':>7}{'err':>7} | {'GPU peak phase':<19}| {'host RSS':>8}{'steady':>8}{'err':>7}{'lazy':>8}{'err':>7}"
     )
     lines = [head, "-" * len(head)]
     for c in checks:
         lines.append(
-            f"{c['model']:<11}{c['seq']:>9,}{c['offload_layers']:>4} | {c['gpu_allocated']:>13.2f}"
+            f"{c['model']:<11}{c['seq']:>9,}{c['offload_layers']:>4} {c['norm']:<8}| {c['gpu_allocated']:>13.2f}"
             f"{c['pred_gpu_allocated']:>7.2f}{c['err_gpu_allocated']:>+7.1%} | {c['gpu_reserved']:>8.2f}"
             f"{c['pred_gpu_reserved']:>7.2f}{c['err_gpu_reserved']:>+7.1%} | {c['gpu_phase']:<19}| {c['host']:>8.2f}"
             f"{c['pred_host']:>8.2f}{c['err_host']:>+7.1%}{c['pred_host_lazy']:>8.2f}{c['err_host_lazy']:>+7.1%}"
         )
     lines += [
-        "GiB (measured, then predicted); k = layer inputs offloaded (the probe's own); reserved: predicted = allocated",
-        "x (1 + frag); host: peak RSS vs the steady state (optimizer state allocated before the step) and vs a run",
-        "whose optimizer state is allocated lazily at its first step (after the backward)",
+        "GiB (measured, then predicted); k = layer inputs offloaded (the probe's own); norm = RMSNorm model (the",
+        "probe's own unless --norm); reserved: predicted = allocated x (1 + frag); host: peak RSS vs the steady state",
+        "(optimizer state allocated before the step) and vs a run whose optimizer state is allocated lazily at its",
+        "first step (after the backward)",
     ]
     return "\n".join(lines)
 
@@ -1033,7 +1115,8 @@ def format_breakdown(shape: ModelShape, setup: Setup, budget: Budget, seq: int) 
     if budget.option.checkpointing == "offload-split":
         split = f"; {budget.offload_layers} of {budget.layers} layer inputs offloaded"
     lines = [
-        f"Byte budget per GPU at S = {seq:,} tokens ({lay.mode}, {budget.option.name}, {setup.optim}; "
+        f"Byte budget per GPU at S = {seq:,} tokens ({lay.mode}, {budget.option.name}, {setup.optim}, "
+        f"{setup.norm} RMSNorm; "
         f"{r['local_tokens']:,.0f} tokens per rank{split})",
         f"  GPU, peak phase = {r['peak_phase']!r} (GB):",
     ]
@@ -1104,6 +1187,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlp-tiles", default="auto", help="tiled MLP tile count, or 'auto' (tiles of h tokens)")
     ap.add_argument("--mlp-tile-tokens", type=int, default=None, help="tiled MLP tiles of this many tokens (8192)")
     ap.add_argument("--loss-chunk", type=int, default=LOSS_CHUNK)
+    ap.add_argument(
+        "--norm",
+        choices=NORMS,
+        default=None,
+        help="RMSNorm autograd: eager (transformers', the default) or chunked (enable_chunked_rmsnorm; a prediction "
+        "not yet validated on a GPU); --validate: default the probe's own",
+    )
     ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
     ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")
     ap.add_argument("--cuda-reserve", default="1.5GB")
@@ -1134,6 +1224,7 @@ def main(argv: list[str] | None = None) -> int:
             cuda_reserve=parse_size(args.cuda_reserve),
             host_reserve=parse_size(args.host_reserve),
             pinned_pow2=not args.no_pinned_pow2,
+            norm=args.norm,
         )
         checks = [validate_probe(r, **overrides) for r in read_probes(args.validate)]
         if args.json:
@@ -1163,6 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
         host_reserve=parse_size(args.host_reserve),
         pinned_pow2=not args.no_pinned_pow2,
         ring_degree=args.ring_degree,
+        norm=args.norm or "eager",
     )
     options = [OPTION_BY_NAME[o] for o in args.options]
     preds = plan(shape, setup, args.sp, options)
@@ -1201,7 +1293,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.name}: {shape.params / 1e9:.2f}B params (h={shape.hidden}, L={shape.layers}, heads={shape.heads}/"
         f"{shape.kv_heads} kv, head_dim={shape.head_dim}, i={shape.intermediate}, V={shape.vocab}); {setup.gpus} GPU "
         f"x {_gb(setup.gpu_mem)} GB, host {_gb(setup.host_mem)} GB/node ({setup.procs_per_node} GPUs/node), "
-        f"SP size {setup.sp_size}, {setup.optim}"
+        f"SP size {setup.sp_size}, {setup.optim}, {setup.norm} RMSNorm"
     )
     print()
     print(format_breakdown(shape, setup, budget, seq))
@@ -1209,10 +1301,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_summary(preds, setup))
     if args.anchors:
         print()
-        print("Published anchors vs this model (not fitted):")
-        for a in anchors():
-            print(f"  {a['label']:<38} {a['mode']:<17} {a['option']:<22} published {a['published']:>10,}  "
-                  f"predicted {a['predicted']:>10,} ({a['limited_by']})")  # fmt: skip
+        print(format_anchors(anchors()))
     return 0
 
 

@@ -12,6 +12,7 @@ from easy_context.plan import (
     GB,
     GIB,
     MODES,
+    NORM_CHUNK_ROWS,
     OPTIONS,
     ModelShape,
     Setup,
@@ -176,6 +177,8 @@ def test_cli_preset_and_config_json(tmp_path, capsys):
     assert sum(bd["gpu"].values()) == pytest.approx(bd["gpu_total"])
     assert bd["gpu_total"] <= 80 * GB
     assert all(a["predicted"] > 0 for a in data["anchors"])
+    assert all(a["predicted_chunked"] >= a["predicted"] for a in data["anchors"])
+    assert data["setup"]["norm"] == "eager"
 
 
 # ------------------------------------------------------------------------ host_adamw, offload-split, validation
@@ -210,6 +213,7 @@ def test_validate_h200_max_context_probes():
     print()
     print(format_validation(checks))
     for row, c in zip(H200_PROBES, checks):
+        assert c["norm"] == "eager"  # the probes ran transformers' eager RMSNorm (no --chunked-rmsnorm)
         assert c["params"] == row["params"]  # the planner's parameter count is the model's
         # GPU: what the allocator holds at the peak (the planner adds 10 % fragmentation to the tensors it counts)
         assert abs(c["err_gpu_reserved"]) < 0.10, c
@@ -230,6 +234,9 @@ def test_validate_cli_reads_jsonl(tmp_path, capsys):
     assert len(read_probes(str(path))) == len(H200_PROBES)
     text = _main(capsys, "--validate", str(path))
     assert "norm bwd" in text and "llama-2-7b" in text and text.count("262,144") == 2
+    assert "eager" in text and "chunked" not in text  # the probes' own norm
+    assert text == _main(capsys, "--validate", str(path), "--norm", "eager")
+    assert "chunked" in _main(capsys, "--validate", str(path), "--norm", "chunked")
     data = json.loads(_main(capsys, "--validate", str(path), "--json"))
     assert [d["seq"] for d in data] == [r["seq"] for r in H200_PROBES]
 
@@ -325,3 +332,70 @@ def test_mlp_tile_tokens():
     assert auto == pytest.approx(tiles[h]["mlp bwd"] if h in tiles else tiles[4096]["mlp bwd"])  # auto = h tokens
     with pytest.raises(ValueError):
         _setup(mlp_tiles=8, mlp_tile_tokens=8192)
+
+
+# ------------------------------------------------------------------------ RMSNorm: eager vs chunked
+def test_chunked_norm_predicts_longer_host_adamw_split(capsys):
+    """enable_chunked_rmsnorm: no (s, h) fp32 copies saved, no 5 fp32 temporaries in the backward; the same H200
+    host_adamw split configuration reaches a longer S (a prediction: no chunked-norm probe has run yet)."""
+    longest = {}
+    for model in ("llama-3-8b", "llama-2-7b"):
+        shape, eager = _h200(model)
+        chunked = _h200(model, norm="chunked")[1]
+        pe, pc = (predict(shape, s, "data_parallel", SPLIT) for s in (eager, chunked))
+        print(f"\n{model}: eager {pe.max_seq:,} ({pe.limited_by}), chunked {pc.max_seq:,} ({pc.limited_by})")
+        assert pe.limited_by.startswith("gpu:norm bwd")
+        assert pc.max_seq > pe.max_seq and pc.limited_by.startswith("gpu:") and "norm bwd" not in pc.limited_by
+        b = budget_at(shape, chunked, "data_parallel", SPLIT, pc.max_seq)
+        assert b.at(pc.max_seq)["gpu_total"] <= chunked.gpu_mem and b.at(pc.max_seq)["host_total"] <= chunked.host_mem
+        longest[model] = pc.max_seq
+    text = _main(capsys, "--model", "llama-3-8b", "--gpus", "1", "--gpu-mem", "139.8GiB", "--host-mem", "125GiB",
+                 "--optim", "host_adamw", "--sp", "data_parallel", "--options", "offload-split+tiled+chunked",
+                 "--mlp-tile-tokens", "8192", "--norm", "chunked")  # fmt: skip
+    assert "chunked RMSNorm" in text and "eager RMSNorm backward" not in text
+    assert f"S = {longest['llama-3-8b']:,} tokens" in text  # the breakdown at the predicted max S
+    with pytest.raises(ValueError):
+        _setup(norm="fused")
+
+
+def test_chunked_norm_phase_terms():
+    shape, eager = _h200("llama-3-8b", pinned_pow2=False)
+    chunked = _h200("llama-3-8b", pinned_pow2=False, norm="chunked")[1]
+    h, A = shape.hidden, 2 * shape.hidden
+    seq, k = 1 << 18, 12
+    be, bc = (build_budget(shape, s, "data_parallel", SPLIT, offload_layers=k) for s in (eager, chunked))
+    assert set(be.phases) == set(bc.phases)  # host_adamw: the '@ layer 0' moments too
+    names = [t.name for terms in bc.phases.values() for t in terms]
+    assert not any("5 x s x h" in n or "eager RMSNorm" in n or "fp32 h1 copy" in n or "fp32 x copy" in n for n in names)
+    assert any("5 x s x h" in t.name for t in be.phases["norm bwd"])
+    for phase in ("norm bwd", "norm bwd @ layer 0"):  # the chunked backward's temporaries: fixed, (4096, h) fp32
+        temps = [t for t in bc.phases[phase] if "chunked RMSNorm backward" in t.name]
+        assert len(temps) == 1 and temps[0].per_token == 0
+        assert temps[0].fixed == pytest.approx(5 * NORM_CHUNK_ROWS * h * 4 + 4 * h)
+
+    def per_token(b, phase):
+        return sum(t.per_token for t in b.phases[phase])
+
+    # bytes per token saved by the chunked norm, per moment: input norm 3A (x saved by reference), post norm 2A
+    # (h1 kept instead of its fp32 copy + x_hat), final norm 2A; its backward: 10A + 2A - (d n2 + dx + h1 = 3A)
+    for at in ("", " @ layer 0"):
+        assert per_token(be, "attn fwd" + at) - per_token(bc, "attn fwd" + at) == pytest.approx(3 * A)
+        assert per_token(be, "attn bwd" + at) - per_token(bc, "attn bwd" + at) == pytest.approx(3 * A)
+        assert per_token(be, "mlp bwd" + at) - per_token(bc, "mlp bwd" + at) == pytest.approx(5 * A)
+        assert per_token(be, "norm bwd" + at) - per_token(bc, "norm bwd" + at) == pytest.approx(3 * A + 9 * A)
+        # chunked: the norm backward is a moment below the tiled MLP's backward (same bytes per token)
+        assert per_token(bc, "norm bwd" + at) == pytest.approx(per_token(bc, "mlp bwd" + at))
+    assert per_token(be, "loss") - per_token(bc, "loss") == pytest.approx(2 * A)
+    re_, rc = be.at(seq), bc.at(seq)
+    assert re_["peak_phase"] == "norm bwd" and rc["peak_phase"] in ("mlp bwd", "attn bwd")
+    assert rc["phase_totals"]["norm bwd"] < rc["phase_totals"]["mlp bwd"]
+    assert rc["gpu_total"] < re_["gpu_total"] and rc["host_total"] == pytest.approx(re_["host_total"])
+
+
+def test_validate_reads_the_probes_norm():
+    row = dict(H200_PROBES[3], command="python bench/max_context.py --model shape:llama-2-7b --chunked-rmsnorm")
+    chunked = validate_probe(row)
+    assert chunked["norm"] == "chunked" and not chunked["gpu_phase"].startswith("norm bwd")
+    assert validate_probe(row, norm="eager")["pred_gpu_allocated"] == pytest.approx(
+        validate_probe(H200_PROBES[3])["pred_gpu_allocated"])  # fmt: skip
+    assert chunked["pred_gpu_allocated"] < validate_probe(H200_PROBES[3])["pred_gpu_allocated"]
