@@ -73,7 +73,7 @@ def _chunked_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tens
 
 def _reproduces(module: nn.Module) -> bool:
     """Whether :class:`RMSNormFunction` gives this module's own output on a probe input (fp32 and bf16)."""
-    h = module.weight.shape[-1]
+    h = getattr(module.weight, "ds_shape", module.weight.shape)[-1]  # DeepSpeed ZeRO-3 partitions it to (0,)
     g = torch.Generator().manual_seed(0)
     probe = nn.Parameter(torch.randn(h, generator=g) * 0.1 + 1)
     for dtype in (torch.float32, torch.bfloat16):
