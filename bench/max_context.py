@@ -28,11 +28,13 @@ import json
 import math
 import os
 import resource
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from isolated_run import emit, run_isolated  # noqa: E402
+
 GB = 1e9
 
 
@@ -149,30 +151,9 @@ def run_probe(args, seq: int) -> dict:
 
 # ------------------------------------------------------------------------------------------------ parent
 def probe(args, seq: int, base_argv: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cmd = [sys.executable, os.path.abspath(__file__), *base_argv, "--worker", str(seq)]
-    row = {"name": "max_context_probe", "model": args.model, "seq": seq, "optimizer": args.optimizer}
-    t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode == 0 and lines:
-            row |= json.loads(lines[-1][len("RESULT ") :]) | {"status": "ok"}
-        else:
-            oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
-            # SIGKILL with no traceback: most likely the kernel's OOM killer (host memory)
-            status = "oom" if oom else "killed" if proc.returncode == -9 else "error"
-            row |= {"status": status, "returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-12:]}
-    except subprocess.TimeoutExpired:
-        row |= {"status": "timeout"}
-    row |= {"wall_s": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d")}
-    row["command"] = "python bench/max_context.py " + " ".join(base_argv) + f" --seq {seq}"
-    print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    return row
+    row = {"name": "max_context_probe", "model": args.model, "seq": seq, "optimizer": args.optimizer,
+           "command": "python bench/max_context.py " + " ".join(base_argv) + f" --seq {seq}"}  # fmt: skip
+    return run_isolated(os.path.abspath(__file__), [*base_argv, "--worker", str(seq)], row, args.timeout, args.out)
 
 
 def strip_lengths(argv: list[str]) -> list[str]:
@@ -192,7 +173,7 @@ def strip_lengths(argv: list[str]) -> list[str]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker is not None:
-        print("RESULT " + json.dumps(run_probe(args, args.worker)), flush=True)
+        emit(run_probe(args, args.worker))
         return
     base = strip_lengths(list(sys.argv[1:] if argv is None else argv))
     for seq in args.seq:

@@ -20,14 +20,14 @@ not counted). ``--profile DIR`` writes a torch-profiler table (CUDA time per op)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from isolated_run import emit, run_isolated  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -187,33 +187,14 @@ def config_of(args) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(run_worker(args)), flush=True)
+        emit(run_worker(args))
         return
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     argv = list(sys.argv[1:] if argv is None else argv)
     for seq in args.seq:
         child = [a for i, a in enumerate(argv) if a != "--seq" and not _is_seq_value(argv, i)]
-        cmd = [sys.executable, os.path.abspath(__file__), *child, "--seq", str(seq), "--worker"]
-        row = {"name": "train_step", "model": args.model, "label": args.label, **config_of(args), "seq": seq}
-        t0 = time.time()
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode == 0 and lines:
-                row |= json.loads(lines[-1][len("RESULT ") :]) | {"status": "ok"}
-            else:
-                oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
-                row |= {"status": "oom" if oom else "error", "error": proc.stderr.strip().splitlines()[-3:]}
-        except subprocess.TimeoutExpired:
-            row |= {"status": "timeout"}
-        row["wall_s"] = round(time.time() - t0, 1)
-        row["date"] = time.strftime("%Y-%m-%d")
-        row["command"] = "python bench/train_step.py " + " ".join(child) + f" --seq {seq}"
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        row = {"name": "train_step", "model": args.model, "label": args.label, **config_of(args), "seq": seq,
+               "command": "python bench/train_step.py " + " ".join(child) + f" --seq {seq}"}  # fmt: skip
+        run_isolated(os.path.abspath(__file__), [*child, "--seq", str(seq), "--worker"], row, args.timeout, args.out)
 
 
 def _is_seq_value(argv: list[str], i: int) -> bool:
