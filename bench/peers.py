@@ -2,13 +2,16 @@
 
 Every implementation gets the same global q, k, v, dout (batch 1, causal, bf16 on GPU / fp32 on CPU), sharded
 the way it expects; its output and gradients are gathered back and compared with one single-device attention
-call (max relative error), and forward + backward is timed (median of ``--iters`` after a warm-up).
+call (max relative error), and forward + backward is timed (median of ``--iters`` after a warm-up). An
+implementation without a backward is timed and checked on its forward only (``ms_forward_only``).
 
 - ``ours:<backend>:<kernel>`` — easy_context backends (zigzag_ring_attn, dist_flash_attn, ulysses_attn,
   usp_attn) on a local kernel (cudnn, flash, efficient, cpu).
 - ``deepspeed_ulysses`` — DeepSpeed's ``DistributedAttention`` (its all-to-all) around torch SDPA.
-- ``yunchang_ulysses`` — yunchang's ``LongContextAttention`` (ulysses degree = world, ring degree 1) with its
-  torch attention type, when yunchang is importable.
+- ``yunchang_ulysses:<attn_type>`` — yunchang's ``LongContextAttention`` (ulysses degree = world, ring degree 1)
+  with one of its torch attention types (``torch_cudnn``, ``torch_flash``, ...), when yunchang is importable.
+  yunchang 0.6.4's torch types have no backward ("Not implemented backward for PyTorch attention types"): it
+  trains only through the flash-attn package, so these rows are forward-only.
 - ``ringflash_standin`` — ring-flash-attn cannot run without the flash-attn package; its zigzag algorithm on
   the same FA2 kernel family is our ``zigzag_ring_attn`` with ``kernel=flash``: labelled as that stand-in.
 
@@ -70,14 +73,16 @@ def build(name: str, group, device: torch.device, dtype: torch.dtype, head_dim: 
 
         layer = DistributedAttention(local_sdpa, group, scatter_idx=2, gather_idx=1)
         return (lambda q, k, v: layer(q, k, v, 0)), contiguous_shard, "DeepSpeed Ulysses DistributedAttention + SDPA"
-    if name == "yunchang_ulysses":
+    if name.startswith("yunchang_ulysses"):
         from yunchang import LongContextAttention, set_seq_parallel_pg
         from yunchang.kernels import AttnType
 
+        attn_type = AttnType.from_string(name.partition(":")[2] or "torch_cudnn")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         set_seq_parallel_pg(world, 1, rank, world)
-        layer = LongContextAttention(ring_impl_type="basic", attn_type=AttnType.TORCH)
-        return (lambda q, k, v: layer(q, k, v, causal=True)), contiguous_shard, "yunchang LongContextAttention (torch)"
+        layer = LongContextAttention(ring_impl_type="basic", attn_type=attn_type)
+        label = f"yunchang LongContextAttention (Ulysses, {attn_type.value})"
+        return (lambda q, k, v: layer(q, k, v, causal=True)), contiguous_shard, label
     raise ValueError(f"unknown implementation {name!r}")
 
 
@@ -108,7 +113,7 @@ def run(args, rank: int, world: int, group, device: torch.device) -> list[dict]:
         try:
             attn, shard, row["label"] = build(name, group, device, dtype, args.head_dim)
             local = [shard(t, rank, world).detach().requires_grad_(t is not dout) for t in (q, k, v, dout)]
-            times = []
+            times, backward = [], True
             for it in range(args.iters + 1):
                 for t in local[:3]:
                     t.grad = None
@@ -117,15 +122,22 @@ def run(args, rank: int, world: int, group, device: torch.device) -> list[dict]:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 out = attn(*local[:3])
-                out.backward(local[3])
+                if backward:
+                    try:
+                        out.backward(local[3])
+                    except (RuntimeError, NotImplementedError) as exc:  # e.g. yunchang's torch types: forward only
+                        backward, row["no_backward"] = False, f"{type(exc).__name__}: {exc}"[:200]
+                        continue
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 if it:
                     times.append(time.perf_counter() - t0)
-            got = [gather(t, shard, world, group) for t in (out.detach(), local[0].grad, local[1].grad, local[2].grad)]
+            tensors = (out.detach(), local[0].grad, local[1].grad, local[2].grad)[: 4 if backward else 1]
+            got = [gather(t, shard, world, group) for t in tensors]
             errs = {key: ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
                     for key, a, b in zip(("out", "dq", "dk", "dv"), got, ref)}  # fmt: skip
-            row |= {"status": "ok", "ms": round(1e3 * statistics.median(times), 2), **errs}
+            timing = "ms" if backward else "ms_forward_only"
+            row |= {"status": "ok", timing: round(1e3 * statistics.median(times), 2), **errs}
         except Exception as exc:  # a peer that cannot run here is reported, not fatal
             row |= {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"[:300]}
         rows.append(row)
@@ -142,7 +154,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--impls", nargs="+", default=["ours:zigzag_ring_attn:cudnn", "ours:dist_flash_attn:cudnn",
                    "ours:ulysses_attn:cudnn", "ours:usp_attn:cudnn", "ringflash_standin", "deepspeed_ulysses",
-                   "yunchang_ulysses"])  # fmt: skip
+                   "yunchang_ulysses:torch_cudnn", "yunchang_ulysses:torch_flash"])  # fmt: skip
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
