@@ -68,3 +68,35 @@ def test_parity(dist_pool, world, algo, opts, case, dtype_name):
     tol = TOL[dtype_name]
     for rank, e in enumerate(errs):
         assert max(e.values()) < tol, f"rank {rank}: {e} (tol {tol}, heads {hq}/{hkv})"
+
+
+def split_parity_worker(rank, world, algo, opts, case, dtype_name):
+    """parity_worker with the element limit of every kernel call set to one head's size (the >2^31-element path,
+    forced small): every call with several query heads is split."""
+    import easy_context.kernels.base as base
+
+    original, split = base.head_groups, []
+
+    def one_head_per_call(q, k, limit=None, expands_kv=False):
+        b, sq, hq, d = q.shape
+        groups = original(q, k, max(b * sq * d, b * k.shape[1] * d), expands_kv)
+        split.append(groups is not None or hq == 1)
+        return groups
+
+    base.head_groups = one_head_per_call
+    try:
+        return parity_worker(rank, world, algo, opts, case, dtype_name), bool(split) and all(split)
+    finally:
+        base.head_groups = original
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", ["mha", "gqa"])
+@pytest.mark.parametrize("algo,opts", ALGOS, ids=lambda x: x if isinstance(x, str) else "-".join(map(str, x.values())))
+def test_parity_with_kernel_calls_split_over_heads(dist_pool, world, algo, opts, case):
+    """Every backend, forward and backward, when each kernel call is split per head (GQA: query heads share a K/V
+    head and their dK/dV add up): same tolerance as unsplit."""
+    for rank, (errs, all_split) in enumerate(dist_pool(world).run(split_parity_worker, algo, opts, CASES[case],
+                                                                 "float32")):  # fmt: skip
+        assert all_split, f"rank {rank}: a kernel call was not split"
+        assert max(errs.values()) < TOL["float32"], f"rank {rank}: {errs}"

@@ -332,14 +332,16 @@ def checkpoint_worker(rank, world, mode, algo=ALGO):
     return calls[0], grads
 
 
-@pytest.mark.parametrize("algo", [ALGO, "zigzag_ring_attn"])
-def test_checkpoint_after_attention(dist_pool, algo):
-    pool = dist_pool(2)
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("algo", [ALGO, "zigzag_ring_attn", "ulysses_attn"])
+def test_checkpoint_after_attention(dist_pool, algo, world):
+    pool = dist_pool(world)
     plain = pool.run(checkpoint_worker, "plain", algo)
     after = pool.run(checkpoint_worker, "after_attention", algo)
     torch_ckpt = pool.run(checkpoint_worker, "torch", algo)
-    for rank in range(2):
-        per_layer = rank_kernel_calls(2, True)[rank] if algo == ALGO else 2  # zigzag: one block per ring step
+    for rank in range(world):
+        # kernel forwards per layer: dist_flash its schedule, zigzag one block per ring step, Ulysses one local call
+        per_layer = {ALGO: rank_kernel_calls(world, True)[rank], "zigzag_ring_attn": world}.get(algo, 1)
         assert plain[rank][0] == 2 * per_layer
         assert after[rank][0] == 2 * per_layer, "attention forward must run once per layer per step"
         assert torch_ckpt[rank][0] == 4 * per_layer  # plain checkpointing re-runs it (the count works)

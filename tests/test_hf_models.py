@@ -98,6 +98,10 @@ def bad_input_worker(rank, world, case):
         kwargs = {}
     if case == "ones_mask":  # an all-ones mask is harmless and accepted
         kwargs["attention_mask"] = torch.ones(1, 16, dtype=torch.long)
+    if case == "kv_cache":
+        from transformers import DynamicCache
+
+        kwargs["past_key_values"] = DynamicCache()
     model(ids, **kwargs)
     return "ok"
 
@@ -109,6 +113,7 @@ def bad_input_worker(rank, world, case):
         ("dropout", "attention dropout"),
         ("padding_mask", "padding attention_mask"),
         ("no_positions", "pass position_ids"),
+        ("kv_cache", "KV caches are not supported"),
     ],
 )
 def test_unsupported_features_raise(dist_pool, case, message):

@@ -97,3 +97,23 @@ def test_build_optimizer_refuses_host_adamw_with_several_processes() -> None:
         build_optimizer(_params(torch.float32), acc, lr=1e-3, name="host_adamw")
     acc.num_processes = 1
     assert isinstance(build_optimizer(_params(torch.float32), acc, lr=1e-3, name="host_adamw"), HostAdamW)
+
+
+def test_bad_settings_and_inputs_raise() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from easy_context.optim import build_optimizer
+
+    with pytest.raises(ValueError, match="invalid HostAdamW"):
+        HostAdamW(_params(torch.float32), lr=-1.0)
+    params = _params(torch.float32)
+    params[0].grad = torch.zeros(params[0].shape).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        HostAdamW(params).step()
+    acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace()), num_processes=1)
+    with pytest.raises(ValueError, match="replaces DeepSpeed's optimizer offload"):
+        build_optimizer(_params(torch.float32), acc, lr=1e-3, name="host_adamw")
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        build_optimizer(_params(torch.float32), acc, lr=1e-3, name="sgd")

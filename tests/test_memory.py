@@ -174,6 +174,8 @@ def test_attn_checkpointing_needs_easy_context_attention() -> None:
 
     with pytest.raises(ValueError, match="apply_seq_parallel_monkey_patch"):
         apply_checkpointing(_model("llama"), "attn")
+    with pytest.raises(ValueError, match="unknown checkpointing mode"):
+        apply_checkpointing(_model("llama"), "selective")
 
 
 def test_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -399,3 +399,17 @@ def test_validate_reads_the_probes_norm():
     assert validate_probe(row, norm="eager")["pred_gpu_allocated"] == pytest.approx(
         validate_probe(H200_PROBES[3])["pred_gpu_allocated"])  # fmt: skip
     assert chunked["pred_gpu_allocated"] < validate_probe(H200_PROBES[3])["pred_gpu_allocated"]
+
+
+def test_shape_models_build_the_published_architectures():
+    """``shape:<name>`` builds the planner's built-in shape (params counted on the meta device, no memory)."""
+    import torch
+
+    from easy_context.models import load_model, shape_config
+
+    with torch.device("meta"):
+        model = load_model("shape:llama-3-8b", max_position_embeddings=8192)
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248  # what the H200 probes measured
+    assert shape_config("shape:Meta-Llama-3.1-8B").num_key_value_heads == 8  # aliases, any case
+    with pytest.raises(ValueError, match="unknown model shape"):
+        shape_config("shape:llama-9b")
