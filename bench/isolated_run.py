@@ -37,8 +37,9 @@ def run_isolated(script: str, argv: list[str], row: dict, timeout: float, out: s
             oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
             status = "oom" if oom else "killed" if proc.returncode == -9 else "error"
             row |= {"status": status, "returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-12:]}
-    except subprocess.TimeoutExpired:
-        row |= {"status": "timeout"}
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        row |= {"status": "timeout", "error": err.strip().splitlines()[-12:]}  # where the worker had got to
     row |= {"wall_s": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(row), flush=True)
     if out:

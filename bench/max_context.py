@@ -79,6 +79,21 @@ def offloadable_layers(args, seq: int, n_params: int, hidden: int, layers: int) 
 
 
 # ------------------------------------------------------------------------------------------------ worker
+_START = time.perf_counter()
+
+
+def progress(msg: str) -> None:
+    """One progress line on stderr (the parent keeps the last ones when a probe times out or fails)."""
+    import torch
+
+    mem = ""
+    if torch.cuda.is_available():
+        now, peak = torch.cuda.memory_allocated() / 2**30, torch.cuda.max_memory_allocated() / 2**30
+        mem = f", GPU {now:.1f} GiB (peak {peak:.1f})"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"[{time.perf_counter() - _START:7.1f} s] {msg}{mem}, host peak {rss:.1f} GiB", file=sys.stderr, flush=True)
+
+
 def run_probe(args, seq: int) -> dict:
     import torch
 
@@ -118,12 +133,16 @@ def run_probe(args, seq: int) -> dict:
     positions = torch.arange(seq, device=device)[None]
     states_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
+    progress(f"model, optimizer state and {k} host-offloaded layers ready")
+
     t0 = time.perf_counter()
     loss_sum, n = with_loss(ids[:, :-1], positions, ids[:, 1:])
+    progress("forward done")
     (loss_sum / n).backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
     t1 = time.perf_counter()
+    progress("backward done")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
@@ -180,7 +199,9 @@ def main(argv=None) -> None:
         probe(args, seq, base)
     if args.search:
         gran = args.granularity
-        lo, hi = args.search[0] // gran, args.search[1] // gran  # in units of gran
+        lo, hi = -(-args.search[0] // gran), args.search[1] // gran  # in units of gran, inside [LO, HI]
+        if not 0 < lo <= hi:
+            raise SystemExit(f"--search {args.search[0]} {args.search[1]}: no multiple of --granularity {gran} in it")
         best, stopped = None, None
         status = probe(args, lo * gran, base)["status"]  # the lower end must fit, or the bracket means nothing
         if status == "ok":

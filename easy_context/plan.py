@@ -6,7 +6,7 @@ prints, for every sequence-parallel (SP) mode x memory option, the longest full 
 and the per-component byte budget at one S. ``--json`` prints the same as JSON. Nothing is run or downloaded.
 ``--validate FILE`` compares the model with measured probes of ``bench/max_context.py`` (see "Validation").
 ``--norm chunked`` plans for :func:`easy_context.memory.enable_chunked_rmsnorm` instead of transformers' eager
-RMSNorm (see "RMSNorm"; a prediction, not yet validated on a GPU).
+RMSNorm (see "RMSNorm"; validated by one H200 probe at 417,792 tokens, see "Validation").
 
 Units: GB = 1e9 bytes, GiB = 2**30 bytes (``--gpu-mem 80GB`` is 80e9 bytes; an "80GB" H100 really has 80 GiB,
 so pass ``80GiB`` for the full card). Output is in GB (1e9); ``--validate`` prints GiB like the measurements.
@@ -148,7 +148,9 @@ two, so the peak is at one of them.
   backward buffers: ring: stacked K/V + in flight (2 Kr + 2 Kr), fp32 dq accumulator (Qf), fp32 dK/dV travelling:
   current and in flight (4 Kr + 4 Kr), one block's kernel gradients (Q + 2 Kr), kernel workspace (fp32 dq
   accumulator and delta: Qf + LSE); dist_flash also borrowed q, dout, out + lse (3Q + LSE) and a partial fp32 dq
-  (Qf); local kernel: gradients (Q + 2 Kr; under Ulysses these are dq', dk', dv') + workspace (Qf + LSE); Ulysses:
+  (Qf); local kernel: gradients (Q + 2 Kr; under Ulysses these are dq', dk', dv') + workspace (Qf + LSE); with GQA
+  (Kr < Q) the kernel's dK and dV per query head before each group is summed (2Q: cuDNN's and FA2's backward
+  both do this; the H200 probe at 417,792 tokens confirmed it to 0.1 %); Ulysses:
   the exchanged d out' and the dq, dk, dv exchanged back (2Q + 2 Kr). Gather modes: the layer's bf16 parameter
   gradients.
 - ``loss`` (first moment of the backward): what the final norm saved (eager 3A + 4 B; chunked: its input, the last
@@ -187,8 +189,8 @@ step with its state still unallocated (``--validate`` reports that case separate
 Validation (``python -m easy_context.plan --validate docs/results/h200_max_context.jsonl``)
 -----------------------------------------------------------------------------------------
 One H200 (139.8 GiB), torch 2.11, ``bench/max_context.py``: ``data_parallel``, cuDNN attention, ``host_adamw``,
-``offload-split`` (k = the probe's own), tiles of 8192 tokens, chunked loss, eager RMSNorm (``--norm eager``);
-GiB, measured / predicted:
+``offload-split`` (k = the probe's own), tiles of 8192 tokens, chunked loss, the probe's RMSNorm (eager, or
+``--chunked-rmsnorm``: chunked); GiB, measured / predicted:
 
 ==============  =======  ==  ===============  ===============  ==================  ====================
 model           S        k   GPU allocated    GPU reserved     peak phase          host RSS (pred.)
@@ -197,7 +199,14 @@ Llama-3-8B      65,536   32  38.71 / 38.73    41.51 / 42.60    norm bwd @ layer 
 Llama-3-8B      131,072  26  48.50 / 48.52    53.76 / 53.37    norm bwd @ layer 0  95.85 / 96.50 (lazy)
 Llama-3-8B      262,144  12  95.49 / 95.51    98.80 / 105.06   norm bwd            95.82 / 96.50 (lazy)
 Llama-2-7B      262,144  20  79.27 / 79.34    80.63 / 87.27    norm bwd            116.92 / 118.60
+Llama-3-8B (c)  417,792  8   128.23 / 128.21  130.55 / 141.04  attn bwd            116.96 / 120.04
 ==============  =======  ==  ===============  ===============  ==================  ====================
+
+(c): chunked RMSNorm. This probe is 99.5 % of the planner's longest context for its setting (419,840 tokens).
+Before it, the planner missed 6.4 GiB at its attention-backward peak: one (s, 2 x q_dim) bf16 pair, cuDNN's
+dK and dV per query head before the GQA group sum (cudnn-frontend's SDPA backward graph builds them as
+``dK_fullhead`` / ``dV_fullhead``; FA2's backward allocates the same ``dk_expanded`` / ``dv_expanded``). The
+eager-norm probes never peaked there.
 
 Nothing was fitted: the allocated peak is the sum of the terms above (within 0.1 %); reserved is predicted as
 allocated x 1.10 (``--frag``), within -1 % .. +8 %. Without the ``norm bwd`` phase the planner was 4 % .. 15 %
@@ -212,8 +221,8 @@ Sanity anchors (published; not fitted -- ``python -m easy_context.plan --model l
 =====================================================  =========  ==========================  =========================
 setting (planner mode, option set)                     published  eager norm (bound)          chunked norm (bound)
 =====================================================  =========  ==========================  =========================
-ALST Llama-3-8B, 1x H100 80 GiB, host 1 TB (dp, all)   500K       462,848 (GPU, norm bwd)     996,352 (GPU, attn bwd)
-ALST Llama-3-8B, 1x H200 141 GB, host 2 TB (dp, all)   1.2M       774,144 (GPU, norm bwd)     1,668,096 (GPU, attn bwd)
+ALST Llama-3-8B, 1x H100 80 GiB, host 1 TB (dp, all)   500K       462,848 (GPU, norm bwd)     816,128 (GPU, attn bwd)
+ALST Llama-3-8B, 1x H200 141 GB, host 2 TB (dp, all)   1.2M       774,144 (GPU, norm bwd)     1,367,040 (GPU, attn bwd)
 ALST Llama-3-8B, 8x H100 80 GiB, host 2 TB (ulysses)   3.7M       3,501,056 (GPU, norm bwd)   4,194,304 (host)
 EasyContext Llama-2-7B, 8x A100 80 GiB (zigzag,        700K       1,631,232 (GPU, loss)       1,708,032 (GPU, loss)
 offload, plain logits)
@@ -223,7 +232,7 @@ With the eager norm (what our H200 stack validated) the ALST numbers land within
 of fp32 temporaries bound every ALST row. ALST's stack may use fused kernels for it (e.g. Liger's), and differs in
 the attention working set (their Ulysses + FA2 path); their lengths are round numbers from runs, not searched
 maxima. Without the RMSNorm temporaries (but with eager's saved fp32 copies) this model gave 600K / 1.0M / 3.87M;
-with the chunked norm (none of either; not validated on a GPU) +99 % / +39 % / +13 % over the published lengths,
+with the chunked norm (none of either; validated at 417,792 tokens on one H200) +63 % / +14 % / +13 % over them,
 bounded by the attention backward (1 GPU) or by the 8 ranks' pinned checkpoints, each rounded up to a power of two,
 on the 2 TB host (8 GPUs). EasyContext's 700K is the length it demonstrated, not a searched limit; its stack
 (transformers 4.3x upcasting the full logits to fp32 inside the model on top of the loss's own fp32 copies,
@@ -345,7 +354,8 @@ class ModelShape:
 
 
 def load_model_shape(spec: str, vocab_size: int | None = None) -> ModelShape:
-    """A config.json path (or a folder holding one), a built-in hub-like name, a preset, or a cached hub config."""
+    """A config.json path (or a folder holding one), a built-in hub-like name (``shape:`` prefix allowed), a preset,
+    or a cached hub config."""
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
         spec = os.path.join(spec, "config.json")
     if os.path.isfile(spec):
@@ -354,7 +364,7 @@ def load_model_shape(spec: str, vocab_size: int | None = None) -> ModelShape:
         if vocab_size:
             cfg["vocab_size"] = vocab_size
         return ModelShape.from_config(spec, cfg)
-    key = spec.lower().rstrip("/").split("/")[-1]
+    key = spec.lower().removeprefix("shape:").rstrip("/").split("/")[-1]  # shape:<name>: the bench/train.py spelling
     for suffix in ("-hf", "-instruct", "-chat"):
         key = key.removesuffix(suffix)
     key = ALIASES.get(key, key)
@@ -770,6 +780,8 @@ def build_budget(
     else:
         bwd.append(Term("kernel dq, dk, dv", per_token=Q + 2 * Kr))
     bwd.append(Term("kernel workspace (fp32 dq accum + delta)", per_token=Qf + LSE))
+    if Kr < Q:  # GQA: cuDNN and FA2 compute dK, dV per query head, then sum each group (measured on the H200)
+        bwd.append(Term("kernel GQA: dK, dV at the query heads before the group sum", per_token=2 * Q))
 
     phases = {
         "attn fwd": top_ckpt + top_x + fwd + ([] if gather else grads_top),  # ZeRO: the layer's grads come later
@@ -978,7 +990,7 @@ ANCHORS = (
 def anchors() -> list[dict]:
     """The published settings next to this model's prediction with each RMSNorm model: ``predicted`` /
     ``limited_by`` / ``config`` with transformers' eager norm (what the anchors table of the docstring shows),
-    ``predicted_chunked`` / ... with ``enable_chunked_rmsnorm`` (a prediction, not validated on a GPU yet)."""
+    ``predicted_chunked`` / ... with ``enable_chunked_rmsnorm``."""
     out = []
     for label, model, gpus, gmem, hmem, mode, opt, published in ANCHORS:
         row = dict(label=label, mode=mode, option=opt, gpu_mem=gmem, host_mem=hmem, published=published)
@@ -994,7 +1006,7 @@ def anchors() -> list[dict]:
 def format_anchors(rows: list[dict]) -> str:
     head = (f"  {'setting':<37}{'mode':<18}{'option':<23}{'published':>10}  {'eager norm (bound)':<29}"
             f"chunked norm (bound)")  # fmt: skip
-    lines = ["Published anchors vs this model (not fitted; chunked norm: a prediction, not yet validated on a GPU):",
+    lines = ["Published anchors vs this model (not fitted):",
              head, "  " + "-" * (len(head) - 2)]  # fmt: skip
     for a in rows:
         eager = f"{a['predicted']:>10,} ({a['limited_by']})"
@@ -1191,8 +1203,8 @@ def main(argv: list[str] | None = None) -> int:
         "--norm",
         choices=NORMS,
         default=None,
-        help="RMSNorm autograd: eager (transformers', the default) or chunked (enable_chunked_rmsnorm; a prediction "
-        "not yet validated on a GPU); --validate: default the probe's own",
+        help="RMSNorm autograd: eager (transformers', the default) or chunked (enable_chunked_rmsnorm); "
+        "--validate: default the probe's own",
     )
     ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
     ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")

@@ -200,6 +200,13 @@ H200_PROBES = [
          offload_layers=20, peak_gpu_gib=79.27, peak_gpu_reserved_gib=80.63, peak_host_rss_gib=116.92,
          gpu_total_gib=139.8, status="ok", optimizer_state="before_step"),
 ]  # fmt: skip
+# The same stack with --chunked-rmsnorm (optimizer state allocated before the step: steady state), 2026-11-29.
+H200_CHUNKED_PROBE = dict(
+    name="max_context_probe", model="shape:llama-3-8b", seq=417792, optimizer="host_adamw", params=8030261248,
+    offload_layers=8, peak_gpu_gib=128.23, peak_gpu_reserved_gib=130.55, peak_host_rss_gib=116.96,
+    gpu_total_gib=139.8, status="ok", optimizer_state="before_step",
+    command="python bench/max_context.py --model shape:llama-3-8b --kernel cudnn --chunked-rmsnorm --seq 417792",
+)  # fmt: skip
 SPLIT = parse_config("offload-split+tiled+chunked")
 
 
@@ -227,6 +234,37 @@ def test_validate_h200_max_context_probes():
     assert [c["gpu_phase"] for c in checks[:3]] == ["norm bwd @ layer 0", "norm bwd @ layer 0", "norm bwd"]
 
 
+def test_validate_h200_chunked_norm_probe_near_the_predicted_limit():
+    """The --chunked-rmsnorm probe: its peak is the attention backward (with GQA, the kernel's dK/dV per query
+    head count there), and its length is within 1 % of the longest context the planner predicts for it."""
+    c = validate_probe(H200_CHUNKED_PROBE)
+    print()
+    print(format_validation([c]))
+    assert c["norm"] == "chunked" and c["gpu_phase"] == "attn bwd"
+    assert abs(c["err_gpu_allocated"]) < 0.02 and abs(c["err_gpu_reserved"]) < 0.10 and abs(c["err_host"]) < 0.10, c
+    shape, setup = _h200("llama-3-8b", norm="chunked")
+    longest = predict(shape, setup, "data_parallel", SPLIT).max_seq
+    assert 0.99 * longest <= H200_CHUNKED_PROBE["seq"] <= longest, longest  # the measured length is near the limit
+
+
+def test_shape_prefix_names_the_builtin_model():
+    assert load_model_shape("shape:llama-3-8b") == load_model_shape("llama-3-8b")
+
+
+@pytest.mark.parametrize("mode", ["data_parallel", "ulysses_attn", "zigzag_ring_attn"])
+def test_gqa_kernel_backward_holds_dk_dv_per_query_head(mode):
+    """cuDNN's and FA2's backward build dK and dV at the query heads before the GQA group sum: 2Q per token."""
+    gpus = 1 if mode == "data_parallel" else 2
+    gqa, mha = load_model_shape("llama-3-8b"), load_model_shape("llama-2-7b")
+    setup = _setup(gpus=gpus)
+    for shape, expect in ((gqa, True), (mha, False)):
+        terms = build_budget(shape, setup, mode, SPLIT).phases["attn bwd"]
+        extra = [t for t in terms if "GQA" in t.name]
+        assert bool(extra) == expect, (shape.name, mode)
+        if expect:
+            assert extra[0].per_token == pytest.approx(2 * 2 * shape.qd)  # dK + dV, bf16, q_dim wide
+
+
 def test_validate_cli_reads_jsonl(tmp_path, capsys):
     path = tmp_path / "max_context.jsonl"
     rows = H200_PROBES + [dict(name="max_context", longest_ok=None), dict(H200_PROBES[0], status="oom")]
@@ -244,7 +282,7 @@ def test_validate_cli_reads_jsonl(tmp_path, capsys):
 def test_bench_offload_layers_policy_matches_the_probes():
     """With the bench's 8 GB host reserve and the host's ~125 GiB, the planner's k is what the probes offloaded, within
     one layer (the bench reads MemAvailable, ~125 GiB, and leaves out the optimizer's 2 GB of staging buffers)."""
-    for row in H200_PROBES:
+    for row in [*H200_PROBES, H200_CHUNKED_PROBE]:
         shape, setup = _h200(row["model"].removeprefix("shape:"), host_reserve=8 * GB)
         k = split_offload_layers(shape, setup, "data_parallel", SPLIT, row["seq"])
         assert abs(k - row["offload_layers"]) <= 1, (row["seq"], k)
@@ -337,7 +375,7 @@ def test_mlp_tile_tokens():
 # ------------------------------------------------------------------------ RMSNorm: eager vs chunked
 def test_chunked_norm_predicts_longer_host_adamw_split(capsys):
     """enable_chunked_rmsnorm: no (s, h) fp32 copies saved, no 5 fp32 temporaries in the backward; the same H200
-    host_adamw split configuration reaches a longer S (a prediction: no chunked-norm probe has run yet)."""
+    host_adamw split configuration reaches a longer S (the 8B one validated by H200_CHUNKED_PROBE)."""
     longest = {}
     for model in ("llama-3-8b", "llama-2-7b"):
         shape, eager = _h200(model)
