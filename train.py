@@ -26,7 +26,7 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 import easy_context as ec
-from easy_context.data import load_tokenizer, load_train_dataset
+from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
 from easy_context.kernels import KERNEL_NAMES, get_kernel
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
@@ -51,7 +51,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "full-size architecture, e.g. shape:llama-2-7b, vocab from --tokenizer)",
     )
     p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
-    p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name")
+    p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name, "
+                   "or random[:ROWS] (random tokens, no tokenizer needed: throughput and memory probes)")  # fmt: skip
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary of a random-init model trained on --dataset random without --tokenizer "
+                        "(shape: models default to their published vocab)")  # fmt: skip
     p.add_argument("--output-dir", required=True)
     p.add_argument("--seq-length", type=int, default=16384)
     p.add_argument("--batch-size", type=int, default=1)
@@ -79,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=list(CHECKPOINT_MODES),
         help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
     )
+    p.add_argument("--offload-layers", type=int, default=None, metavar="K",
+                   help="with --checkpointing offload/attn-offload: only the first K layer inputs go to the host "
+                        "(pageable), the rest stay on the GPU (when the host cannot hold them all)")  # fmt: skip
     p.add_argument(
         "--chunked-rmsnorm",
         action="store_true",
@@ -94,6 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
     p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"])
     p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
     args = p.parse_args(argv)
@@ -107,8 +115,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--tracker {args.tracker} needs the {modules[0]} package: pip install {modules[0]}")
         if args.tracker == "wandb" and "WANDB_API_KEY" not in os.environ:
             os.environ.setdefault("WANDB_MODE", "offline")  # offline-safe: runs sync later with `wandb sync`
-    if is_random_init(args.model) and not args.tokenizer:
+    try:
+        args.random_rows = random_source_rows(args.dataset)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.random_rows is None and is_random_init(args.model) and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
+    if args.random_rows is not None and args.model in PRESETS and not (args.tokenizer or args.vocab_size):
+        p.error(f"--model {args.model} with --dataset {args.dataset}: give --vocab-size (or --tokenizer)")
     if args.parallel_mode not in ec.SEQ_ALGOS:
         p.error(f"unknown --parallel_mode {args.parallel_mode!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
     return args
@@ -154,11 +168,14 @@ def main(argv=None) -> None:
     opts = {"ring_degree": args.ring_degree} if args.parallel_mode == "usp_attn" else {}
 
     # model, tokenizer, data
-    try:
-        tokenizer = load_tokenizer(args.tokenizer or args.model)
-    except (OSError, RuntimeError, ValueError) as exc:
-        sys.exit(f"error: {exc}")
-    model = load_model(args.model, vocab_size=len(tokenizer), rope_theta=args.rope_theta, seed=args.seed,
+    tokenizer = None  # random tokens need none
+    if args.tokenizer or args.random_rows is None:
+        try:
+            tokenizer = load_tokenizer(args.tokenizer or args.model)
+        except (OSError, RuntimeError, ValueError) as exc:
+            sys.exit(f"error: {exc}")
+    vocab = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
+    model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
                        max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     check_layout(args, sp_size, model.config)
@@ -169,7 +186,10 @@ def main(argv=None) -> None:
         )
         kernel = get_kernel("auto", accelerator.device, model.dtype, head_dim).name  # checkpoint-after-attention
     ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=kernel, **opts)
-    apply_checkpointing(model, args.checkpointing)  # per decoder layer
+    try:
+        apply_checkpointing(model, args.checkpointing, offload_layers=args.offload_layers)  # per decoder layer
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     if args.chunked_rmsnorm:
@@ -177,7 +197,8 @@ def main(argv=None) -> None:
     train_model = CausalLMWithLoss(model, impl=args.loss)
     try:
         dataset = load_train_dataset(args.dataset, tokenizer, args.seq_length, seed=args.seed,
-                                     show_progress=accelerator.is_local_main_process)  # fmt: skip
+                                     show_progress=accelerator.is_local_main_process,
+                                     vocab_size=model.config.vocab_size)  # fmt: skip
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     sampler = EpochShuffleSampler(len(dataset), args.seed)
@@ -259,10 +280,12 @@ def main(argv=None) -> None:
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
             save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed)
-    save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
+    if not args.no_save:
+        save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
     accelerator.end_training()
     if accelerator.is_main_process:
-        print(f"saved {args.output_dir} (final loss {logged:.4f}, {math.exp(min(logged, 50)):.1f} ppl)")
+        what = "metrics in" if args.no_save else "saved"
+        print(f"{what} {args.output_dir} (final loss {logged:.4f}, {math.exp(min(logged, 50)):.1f} ppl)")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "RESULT "
+EXCEPTION_LINE = re.compile(r"(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b")  # a traceback's last line, any rank
 
 
 def emit(result: dict) -> None:
@@ -22,25 +26,54 @@ def emit(result: dict) -> None:
     print(MARK + json.dumps(result), flush=True)
 
 
-def run_isolated(script: str, argv: list[str], row: dict, timeout: float, out: str | None) -> dict:
-    """Parent side: ``python script *argv`` in a fresh process; returns ``row`` completed with its outcome."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+def error_lines(stderr: str, tail: int = 8) -> list[str]:
+    """What a failed run said: its error lines (``error: ...``, ``...Error: ...``, from any rank, kept even when a
+    launcher's summary follows them), then the last ``tail`` lines."""
+    lines = stderr.strip().splitlines()
+    key = [ln for ln in lines if ln.startswith("error:") or EXCEPTION_LINE.match(ln)]
+    key = list(dict.fromkeys(key))[-4:]  # unique, the last few (every rank prints the same)
+    return key + [ln for ln in lines[-tail:] if ln not in key]
+
+
+def python_command(script: str, argv: list[str]) -> list[str]:
+    """``python script *argv`` with this interpreter."""
+    return [sys.executable, script, *argv]
+
+
+def run_isolated(cmd: list[str], row: dict, timeout: float, out: str | None,
+                 collect: Callable[[], dict] | None = None, env: dict | None = None) -> dict:  # fmt: skip
+    """Parent side: run ``cmd`` in a fresh process (group); returns ``row`` completed with its outcome.
+
+    The result is the worker's last ``RESULT <json>`` line, or ``collect()`` (e.g. a file the command wrote) when
+    given. ``env`` is added to this process's environment.
+    """
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, **(env or {}))
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     t0 = time.time()
+    # its own process group: a timeout ends the launcher's workers too (accelerate/torchrun children)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
     try:
-        proc = subprocess.run([sys.executable, script, *argv], env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-        if proc.returncode == 0 and lines:
-            row |= json.loads(lines[-1][len(MARK) :]) | {"status": "ok"}
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        row |= {"status": "timeout", "error": stderr.strip().splitlines()[-12:]}  # where the worker had got to
+    else:
+        lines = [ln for ln in stdout.splitlines() if ln.startswith(MARK)]
+        if proc.returncode == 0 and (lines or collect):
+            row |= (collect() if collect else json.loads(lines[-1][len(MARK) :])) | {"status": "ok"}
         else:
-            oom = "OutOfMemoryError" in proc.stderr or "out of memory" in proc.stderr
-            status = "oom" if oom else "killed" if proc.returncode == -9 else "error"
-            row |= {"status": status, "returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-12:]}
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        row |= {"status": "timeout", "error": err.strip().splitlines()[-12:]}  # where the worker had got to
+            oom = "OutOfMemoryError" in stderr or "out of memory" in stderr
+            status = "oom" if oom else "killed" if proc.returncode in (-9, 137) else "error"
+            row |= {"status": status, "returncode": proc.returncode, "error": error_lines(stderr)}
     row |= {"wall_s": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d")}
+    return record(row, out)
+
+
+def record(row: dict, out: str | None) -> dict:
+    """Print ``row`` as one JSON line and append it to the JSONL file ``out`` (when given)."""
     print(json.dumps(row), flush=True)
     if out:
         with open(out, "a") as f:

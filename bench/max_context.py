@@ -24,7 +24,6 @@ Each probe appends one JSON object (status ok / oom / error / timeout, peak GPU 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
@@ -33,7 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from isolated_run import emit, run_isolated  # noqa: E402
+from isolated_run import emit, python_command, record, run_isolated  # noqa: E402
+from length_search import longest_ok  # noqa: E402
 
 GB = 1e9
 
@@ -172,7 +172,8 @@ def run_probe(args, seq: int) -> dict:
 def probe(args, seq: int, base_argv: list[str]) -> dict:
     row = {"name": "max_context_probe", "model": args.model, "seq": seq, "optimizer": args.optimizer,
            "command": "python bench/max_context.py " + " ".join(base_argv) + f" --seq {seq}"}  # fmt: skip
-    return run_isolated(os.path.abspath(__file__), [*base_argv, "--worker", str(seq)], row, args.timeout, args.out)
+    cmd = python_command(os.path.abspath(__file__), [*base_argv, "--worker", str(seq)])
+    return run_isolated(cmd, row, args.timeout, args.out)
 
 
 def strip_lengths(argv: list[str]) -> list[str]:
@@ -198,34 +199,9 @@ def main(argv=None) -> None:
     for seq in args.seq:
         probe(args, seq, base)
     if args.search:
-        gran = args.granularity
-        lo, hi = -(-args.search[0] // gran), args.search[1] // gran  # in units of gran, inside [LO, HI]
-        if not 0 < lo <= hi:
-            raise SystemExit(f"--search {args.search[0]} {args.search[1]}: no multiple of --granularity {gran} in it")
-        best, stopped = None, None
-        status = probe(args, lo * gran, base)["status"]  # the lower end must fit, or the bracket means nothing
-        if status == "ok":
-            best = lo * gran
-            for _ in range(args.max_probes - 1):
-                if hi <= lo:
-                    break
-                mid = (lo + hi + 1) // 2
-                status = probe(args, mid * gran, base)["status"]
-                if status == "ok":
-                    lo, best = mid, mid * gran
-                elif status in ("oom", "killed"):  # too long; anything else is a failure to fix, not a bound
-                    hi = mid - 1
-                else:
-                    stopped = status
-                    break
-        else:
-            stopped = status
-        summary = {"name": "max_context", "model": args.model, "longest_ok": best,
-                   "bracket": [lo * gran, hi * gran] if best else None, "stopped_on": stopped}  # fmt: skip
-        print(json.dumps(summary), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(summary) + "\n")
+        found = longest_ok(lambda seq: probe(args, seq, base)["status"], *args.search, args.granularity,
+                           args.max_probes)  # fmt: skip
+        record({"name": "max_context", "model": args.model} | found, args.out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from isolated_run import emit, run_isolated  # noqa: E402
+from isolated_run import emit, python_command, run_isolated  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -194,7 +194,8 @@ def main(argv=None) -> None:
         child = [a for i, a in enumerate(argv) if a != "--seq" and not _is_seq_value(argv, i)]
         row = {"name": "train_step", "model": args.model, "label": args.label, **config_of(args), "seq": seq,
                "command": "python bench/train_step.py " + " ".join(child) + f" --seq {seq}"}  # fmt: skip
-        run_isolated(os.path.abspath(__file__), [*child, "--seq", str(seq), "--worker"], row, args.timeout, args.out)
+        cmd = python_command(os.path.abspath(__file__), [*child, "--seq", str(seq), "--worker"])
+        run_isolated(cmd, row, args.timeout, args.out)
 
 
 def _is_seq_value(argv: list[str], i: int) -> bool:

@@ -23,7 +23,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 class MetricsLogger:
     """Writes one JSON object per optimizer step to ``<output_dir>/metrics.jsonl`` (main process only).
 
-    Fields: step, loss, lr, tokens (cumulative, all ranks), tokens_per_s, peak_mem_bytes, and mfu on GPUs
+    Fields: step, loss, lr, tokens (cumulative, all ranks), tokens_per_s, peak_mem_bytes (GPU allocated; host RSS
+    on CPU), peak_host_bytes (this process's peak RSS), and mfu on GPUs
     (6N + causal attention FLOPs per token, recompute not counted, against the datasheet bf16 peak).
     """
 
@@ -53,6 +54,7 @@ class MetricsLogger:
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_step / max(elapsed, 1e-9),
             "peak_mem_bytes": peak_memory_bytes(self.accelerator.device),
+            "peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,  # this process
         }
         if self.peak_total:
             row["mfu"] = row["tokens_per_s"] * self.flops_per_token / self.peak_total

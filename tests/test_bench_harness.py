@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -31,7 +32,8 @@ def _worker(tmp_path, body: str) -> str:
 
 def _run(tmp_path, body: str, timeout: float = 60) -> tuple[dict, list[dict]]:
     out = tmp_path / "rows.jsonl"
-    row = isolated_run.run_isolated(_worker(tmp_path, body), [], {"name": "probe"}, timeout, str(out))
+    cmd = isolated_run.python_command(_worker(tmp_path, body), [])
+    row = isolated_run.run_isolated(cmd, {"name": "probe"}, timeout, str(out))
     return row, [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -43,16 +45,47 @@ def test_isolated_run_classifies_each_outcome(tmp_path):
     assert row["status"] == "oom" and any("out of memory" in ln for ln in row["error"])
 
     row, _ = _run(tmp_path, 'raise ValueError("bad flag")')
-    assert row["status"] == "error" and row["returncode"] == 1 and "ValueError: bad flag" in row["error"][-1]
+    assert row["status"] == "error" and row["returncode"] == 1 and row["error"][0] == "ValueError: bad flag"
 
     row, _ = _run(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert row["status"] == "killed"  # what the host's OOM killer looks like
 
 
-def test_isolated_run_timeout_keeps_the_workers_progress(tmp_path):
-    body = 'print("[1 s] model ready", file=sys.stderr, flush=True)\ntime.sleep(60)'
+def test_isolated_run_timeout_keeps_the_workers_progress_and_ends_its_children(tmp_path):
+    """A launcher's workers (accelerate/torchrun children) must not outlive a timed-out probe."""
+    pid_file = tmp_path / "child.pid"
+    body = f"""
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        print("[1 s] model ready", file=sys.stderr, flush=True)
+        time.sleep(60)
+    """
     row, rows = _run(tmp_path, body, timeout=5)
     assert row["status"] == "timeout" and row["error"] == ["[1 s] model ready"] and rows == [row]
+    child = int(pid_file.read_text())
+    time.sleep(0.5)
+    assert _ended(child)  # killed with its process group
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_isolated_run_collects_a_result_file(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    result = tmp_path / "metrics.json"
+    cmd = isolated_run.python_command(_worker(tmp_path, f'open({str(result)!r}, "w").write("7")'), [])
+    row = isolated_run.run_isolated(cmd, {"name": "x"}, 60, str(out), collect=lambda: {"v": int(result.read_text())})
+    assert row["status"] == "ok" and row["v"] == 7
+    cmd = isolated_run.python_command(_worker(tmp_path, "sys.exit(3)"), [])
+    row = isolated_run.run_isolated(cmd, {"name": "x"}, 60, None, collect=lambda: {"v": 1})
+    assert row["status"] == "error" and row["returncode"] == 3 and "v" not in row
 
 
 @pytest.mark.parametrize("extra", [[], ["--chunked-rmsnorm"]])
@@ -89,3 +122,35 @@ def test_max_context_search_brackets_the_longest_ok(tmp_path, monkeypatch):
     assert summary["longest_ok"] is None and summary["stopped_on"] == "timeout" and seen == [8192]  # rounded up
     with pytest.raises(SystemExit, match="no multiple of --granularity 8192"):
         max_context.main(["--model", "tiny-llama", "--search", "1024", "2048"])
+
+
+def _sp_train(tmp_path, *argv) -> list[dict]:
+    import sp_train
+
+    out = tmp_path / f"sp{len(list(tmp_path.glob('sp*.jsonl')))}.jsonl"  # one file per call
+    sp_train.main(["--model", "tiny-llama", "--vocab-size", "256", "--dtype", "float32", "--steps", "2",
+                   "--learning-rate", "1e-3", "--timeout", "600", "--out", str(out), *argv])  # fmt: skip
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_sp_train_runs_train_py_on_two_ranks_with_the_one_process_losses(tmp_path):
+    """bench/sp_train.py: train.py on random tokens; 2 gloo ranks under zigzag / Ulysses train exactly what one
+    process trains (same model, same rows, one optimizer step, then the second step's loss)."""
+    (one,) = _sp_train(tmp_path, "--nproc", "1", "--modes", "data_parallel", "--seq", "512")
+    two = _sp_train(tmp_path, "--nproc", "2", "--modes", "zigzag_ring_attn", "ulysses_attn", "--seq", "512")
+    assert one["status"] == "ok" and [r["status"] for r in two] == ["ok", "ok"], (one, two)
+    assert 4.0 < one["loss"] < 7.0  # ~ln(256) on random tokens
+    for r in two:
+        assert r["loss"] == pytest.approx(one["loss"], abs=2e-4), (r["mode"], r["loss"], one["loss"])
+        assert r["steps"] == 2 and r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and r["peak_host_gib"] > 0
+        assert "MULTI_CPU x2" in r["engine"] and f"--modes {r['mode']} --seq 512" in r["command"]
+
+
+def test_sp_train_search_and_errors(tmp_path):
+    rows = _sp_train(tmp_path, "--nproc", "2", "--modes", "zigzag_ring_attn", "--search", "256", "512",
+                     "--granularity", "256", "--max-probes", "2")  # fmt: skip
+    assert [r["seq"] for r in rows[:-1]] == [256, 512] and rows[-1]["longest_ok"] == 512
+    (bad,) = _sp_train(tmp_path, "--nproc", "2", "--modes", "zigzag_ring_attn", "--seq", "510")
+    assert bad["status"] == "error" and any("multiple of" in ln for ln in bad["error"])  # train.py's own message
+    with pytest.raises(SystemExit):
+        _sp_train(tmp_path, "--nproc", "2", "--seq", "512", "--seq-length", "1024")  # set by the script

@@ -309,3 +309,24 @@ def test_fetch_is_a_no_op_when_essays_exist(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" in proc.stdout
     assert sorted(os.listdir(tmp_path)) == ["essay.txt"]
+
+
+# ------------------------------------------------------------------------------------------- random tokens
+def test_random_tokens_source():
+    from easy_context.data import RandomTokens, random_source_rows
+
+    assert random_source_rows("random") == 1024 and random_source_rows("random:7") == 7
+    assert random_source_rows("PaulGrahamEssays") is None and random_source_rows("random_dir") is None
+    for bad in ("random:0", "random:x", "random:-3"):
+        with pytest.raises(ValueError, match="random:ROWS"):
+            random_source_rows(bad)
+    ds = load_train_dataset("random:5", None, seq_length=64, seed=3, vocab_size=100)
+    assert isinstance(ds, RandomTokens) and len(ds) == 5
+    rows = [ds[i] for i in range(5)]
+    assert all(r.shape == (65,) and r.dtype == torch.int64 and 0 <= r.min() and r.max() < 100 for r in rows)
+    assert torch.equal(rows[2], RandomTokens(100, 64, 5, seed=3)[2])  # the same on every rank
+    assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], RandomTokens(100, 64, 5, seed=4)[0])
+    with pytest.raises(IndexError):
+        ds[5]
+    with pytest.raises(ValueError, match="vocabulary size"):
+        load_train_dataset("random", None, seq_length=64)

@@ -183,12 +183,18 @@ def test_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     if "llama" not in _REFERENCE:
         _REFERENCE["llama"] = _loss_and_grads(_model("llama"))
     ref_loss, ref_grads = _REFERENCE["llama"]
-    log = _HookLog(monkeypatch)
-    model = enable_offloaded_checkpointing(_model("llama"), offload_layers=1, pin_memory=False)
-    loss, grads = _loss_and_grads(model)
-    assert _rel_err(loss, ref_loss) < 1e-5
-    assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
-    assert log.packed == [((BATCH, SEQ, HIDDEN), torch.device("cpu"), True)]
+    from easy_context.memory import apply_checkpointing
+
+    for build in (lambda m: enable_offloaded_checkpointing(m, offload_layers=1, pin_memory=False),
+                  lambda m: apply_checkpointing(m, "offload", offload_layers=1)):  # train.py --offload-layers 1
+        log = _HookLog(monkeypatch)
+        loss, grads = _loss_and_grads(build(_model("llama")))
+        assert _rel_err(loss, ref_loss) < 1e-5
+        assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
+        assert log.packed == [((BATCH, SEQ, HIDDEN), torch.device("cpu"), True)]
+    for mode, k in (("full", 1), ("attn", 2), ("offload", -1)):
+        with pytest.raises(ValueError, match="needs a checkpointing mode that offloads"):
+            apply_checkpointing(_model("llama"), mode, offload_layers=k)
 
 
 def test_hf_patch_scope(hf_patch: None) -> None:

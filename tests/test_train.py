@@ -163,6 +163,9 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--parallel_mode", "ulysses_attn", "--seq-length", "255"), "not divisible by the Ulysses degree"),
         (("--dataset", "/nonexistent/dataset"), "/nonexistent/dataset"),
         (("--model", "tiny-llama", "--tokenizer", ""), "needs --tokenizer"),
+        (("--dataset", "random:0"), "random:ROWS"),
+        (("--dataset", "random", "--tokenizer", ""), "give --vocab-size"),
+        (("--checkpointing", "full", "--offload-layers", "2"), "needs a checkpointing mode that offloads"),
     ],
 )
 def test_bad_flags_fail_with_one_line(data_dir, tmp_path, extra, message):

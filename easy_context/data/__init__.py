@@ -10,16 +10,19 @@ CLI: ``python -m easy_context.data --dataset SRC --output DIR --seq-length N (--
 
 from .packing import PackStats, pack_documents
 from .prepare import load_train_dataset, pack_stats, prepare_dataset
+from .random_tokens import RandomTokens, random_source_rows
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
 
 __all__ = [
     "PackStats",
+    "RandomTokens",
     "load_documents",
     "load_tokenizer",
     "load_train_dataset",
     "pack_documents",
     "pack_stats",
     "prepare_dataset",
+    "random_source_rows",
     "train_byte_level_bpe",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .packing import PackStats, pack_to_array
+from .random_tokens import RandomTokens, random_source_rows
 from .sources import is_saved_dataset, load_documents, load_saved_dataset
 from .tokenizer import load_tokenizer
 
@@ -160,18 +161,27 @@ class PackedRows(torch.utils.data.Dataset):
 
 
 def load_train_dataset(
-    dataset: str, tokenizer, seq_length: int, seed: int = 0, show_progress: bool = True
-) -> torch.utils.data.Dataset:
+    dataset: str, tokenizer, seq_length: int, seed: int = 0, show_progress: bool = True,
+    vocab_size: int | None = None,
+) -> torch.utils.data.Dataset:  # fmt: skip
     """The training set for ``train.py``: items are LongTensors of shape ``(seq_length + 1,)``.
 
     ``dataset`` is either a prepared ``save_to_disk`` folder (``"input_ids"`` rows of at least ``seq_length + 1``
     tokens, truncated to that length), or a raw source for :func:`load_documents`, tokenized with ``tokenizer``
     (a tokenizer or a name/path) and packed in memory with ``seed`` (deterministic: every rank gets the same rows).
     A prepared folder is used as saved (``seed`` is ignored: it was shuffled when prepared); ``tokenizer`` may then
-    be None, and when given its vocabulary is checked against the largest token id.
+    be None, and when given its vocabulary is checked against the largest token id. ``random`` / ``random:ROWS``
+    is :class:`RandomTokens` over ``vocab_size`` ids (default: the tokenizer's), for throughput and memory probes.
     """
     if seq_length < 1:
         raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    rows = random_source_rows(dataset)
+    if rows is not None:
+        if not vocab_size and tokenizer is not None:
+            vocab_size = len(load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer)
+        if not vocab_size:
+            raise ValueError(f"--dataset {dataset}: random tokens need a vocabulary size (a model or a tokenizer)")
+        return RandomTokens(vocab_size, seq_length, rows, seed)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer)
     if is_saved_dataset(dataset):

@@ -180,10 +180,16 @@ CHECKPOINT_MODES: dict[str, str] = {
 }
 
 
-def apply_checkpointing(model: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """Set up activation checkpointing of ``model``'s decoder layers by name (see :data:`CHECKPOINT_MODES`)."""
+def apply_checkpointing(model: torch.nn.Module, mode: str, offload_layers: int | None = None) -> torch.nn.Module:
+    """Set up activation checkpointing of ``model``'s decoder layers by name (see :data:`CHECKPOINT_MODES`).
+
+    ``offload_layers=k`` (offload modes only): only the first k layer inputs go to the host, in pageable
+    exact-size blocks (the split of the longest-context runs: the host holds what it can, the GPU the rest)."""
     if mode not in CHECKPOINT_MODES:
         raise ValueError(f"unknown checkpointing mode {mode!r}; choose one of {list(CHECKPOINT_MODES)}")
+    if offload_layers is not None and ("offload" not in mode or offload_layers < 0):
+        raise ValueError(f"offload_layers={offload_layers} needs a checkpointing mode that offloads (offload, "
+                         f"attn-offload) and a count >= 0, got mode {mode!r}")  # fmt: skip
     if mode == "none":
         return model
     impl = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
@@ -192,7 +198,9 @@ def apply_checkpointing(model: torch.nn.Module, mode: str) -> torch.nn.Module:
             f"checkpointing {mode!r} keeps the output of easy_context attention, but this model attends with "
             f"{impl!r}: call easy_context.apply_seq_parallel_monkey_patch first (data_parallel: with a named kernel)"
         )
-    return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"))
+    split = {} if offload_layers is None else {"offload_layers": offload_layers, "pin_memory": False}
+    return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"),
+                                          **split)  # fmt: skip
 
 
 # --- EasyContext-compatible monkey patch -------------------------------------------------------------------
