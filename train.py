@@ -1,6 +1,6 @@
 """Extend a causal LM's context with sequence parallelism (full fine-tuning, full attention).
 
-    accelerate launch --config_file accelerate_configs/single_node.yaml train.py \
+    accelerate launch --config_file accelerate_configs/single_node.yaml --mixed_precision bf16 train.py \
         --model meta-llama/Llama-2-7b-hf --dataset data/slimpajama-64k --seq-length 65536 \
         --parallel_mode zigzag_ring_attn --rope-theta 1000000 --output-dir out/llama2-64k
 
@@ -121,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(exc))
     if args.random_rows is None and is_random_init(args.model) and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
+    if args.vocab_size and args.random_rows is None:
+        p.error("--vocab-size is for --dataset random (a real dataset's ids come from its tokenizer)")
     if args.random_rows is not None and args.model in PRESETS and not (args.tokenizer or args.vocab_size):
         p.error(f"--model {args.model} with --dataset {args.dataset}: give --vocab-size (or --tokenizer)")
     if args.parallel_mode not in ec.SEQ_ALGOS:
@@ -143,6 +145,18 @@ def check_layout(args, sp_size: int, config) -> None:
                      f"--parallel_mode usp_attn with a larger --ring_degree, or zigzag_ring_attn")  # fmt: skip
 
 
+def check_deepspeed_precision(accelerator, dtype: str) -> None:
+    """Under DeepSpeed ZeRO-3 the parameters are created in the launch's mixed precision, whatever --dtype says:
+    refuse a mismatch (an fp32 model twice the size, or bf16 where fp32 was asked for) with the fix."""
+    if accelerator.state.deepspeed_plugin is None:
+        return
+    want = "bf16" if dtype == "bfloat16" else "no"
+    if accelerator.mixed_precision != want:
+        sys.exit(f"error: --dtype {dtype} under DeepSpeed needs mixed precision '{want}', the launch has "
+                 f"'{accelerator.mixed_precision}': pass `accelerate launch --mixed_precision {want} ...` (a "
+                 f"config with deepspeed_config_file cannot carry it)")  # fmt: skip
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -160,6 +174,7 @@ def main(argv=None) -> None:
         if launched
         else [],
     )
+    check_deepspeed_precision(accelerator, args.dtype)
     set_seed(args.seed)
     if not torch.distributed.is_initialized():  # one process: a process group of one, so SP code runs unchanged
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)

@@ -24,6 +24,8 @@ implementation without a backward is timed and checked on its forward only (``ms
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import json
 import os
 import statistics
@@ -110,6 +112,10 @@ def run(args, rank: int, world: int, group, device: torch.device) -> list[dict]:
     rows = []
     for name in args.impls:
         row = {"name": name, "seq": args.seq, "heads": args.heads, "heads_kv": args.heads_kv, "world": world}
+        package = name.split("_")[0]
+        if package in ("deepspeed", "yunchang"):
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                row["version"] = importlib.metadata.version(package)
         try:
             attn, shard, row["label"] = build(name, group, device, dtype, args.head_dim)
             local = [shard(t, rank, world).detach().requires_grad_(t is not dout) for t in (q, k, v, dout)]

@@ -37,11 +37,14 @@ from length_search import longest_ok  # noqa: E402
 
 CPU_CONFIG = os.path.join(ROOT, "accelerate_configs", "cpu_2proc.yaml")
 GB = 2**30
+SET_HERE = {"--parallel_mode", "--parallel-mode", "--seq-length", "--dataset", "--output-dir", "--model",
+            "--max-train-steps", "--gradient-accumulate-every", "--warmup-steps", "--no-save"}  # fmt: skip
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) of this host")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="processes (GPUs) of this host (default: the accelerate config's, else 1)")
     p.add_argument("--model", default="shape:llama-2-7b")
     p.add_argument("--modes", nargs="+", default=["zigzag_ring_attn"], help="train.py --parallel_mode values")
     p.add_argument("--seq", type=int, nargs="*", default=[], help="measure these lengths")
@@ -56,10 +59,20 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     args, train_args = p.parse_known_args(argv)
     if not args.seq and not args.search:
         p.error("give --seq lengths to measure and/or --search LO HI")
-    for flag in ("--parallel_mode", "--parallel-mode", "--seq-length", "--dataset", "--output-dir", "--model"):
-        if flag in train_args:
-            p.error(f"{flag} is set by this script (use --modes / --seq / --search / --model)")
+    given = {a.split("=", 1)[0] for a in train_args if a.startswith("--")}
+    for flag in sorted(given & SET_HERE):
+        p.error(f"{flag} is set by this script (use --modes / --seq / --search / --model / --steps)")
     return args, train_args
+
+
+def train_dtype(train_args: list[str]) -> str:
+    """train.py's --dtype among the passed-through arguments (its default: bfloat16)."""
+    for i, a in enumerate(train_args):
+        if a.startswith("--dtype="):
+            return a.split("=", 1)[1]
+        if a == "--dtype" and i + 1 < len(train_args):
+            return train_args[i + 1]
+    return "bfloat16"
 
 
 def free_port() -> int:
@@ -68,21 +81,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launcher(args) -> tuple[list[str], dict]:
+def launcher(args, train_args: list[str]) -> tuple[list[str], dict]:
     """The ``accelerate launch`` prefix and the environment it needs."""
     import torch
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(args.nproc),
+    cmd = [sys.executable, "-m", "accelerate.commands.launch",
            "--main_process_port", str(free_port())]  # a fresh port: the last run's may still be in TIME_WAIT
+    if args.nproc or not args.accelerate_config:
+        cmd += ["--num_processes", str(args.nproc or 1)]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if not torch.cuda.is_available():  # gloo ranks: accelerate synchronises CPU processes only when told so
         env |= {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
         cmd += ["--config_file", args.accelerate_config or CPU_CONFIG]
-    elif args.accelerate_config:
+        return cmd, env
+    # GPUs: the launch's mixed precision follows train.py's --dtype (under DeepSpeed ZeRO-3 it decides the dtype
+    # the parameters are created in; train.py refuses a mismatch)
+    cmd += ["--mixed_precision", "bf16" if train_dtype(train_args) == "bfloat16" else "no"]
+    if args.accelerate_config:
         cmd += ["--config_file", args.accelerate_config]
     else:
-        cmd += ["--multi_gpu"] if args.nproc > 1 else []
-        cmd += ["--mixed_precision", "no", "--num_machines", "1", "--dynamo_backend", "no"]
+        cmd += ["--multi_gpu"] if (args.nproc or 1) > 1 else []
+        cmd += ["--num_machines", "1", "--dynamo_backend", "no"]
     if torch.cuda.is_available():
         env.setdefault("NCCL_NVLS_ENABLE", "0")
     return cmd, env
@@ -108,14 +127,15 @@ def run(args, train_args: list[str], mode: str, seq: int, workdir: str) -> dict:
     train = [os.path.join(ROOT, "train.py"), "--model", args.model, "--dataset", "random:64", "--output-dir",
              out_dir, "--seq-length", str(seq), "--parallel_mode", mode, "--max-train-steps", str(args.steps),
              "--gradient-accumulate-every", "1", "--warmup-steps", "0", "--no-save", *train_args]  # fmt: skip
-    prefix, env = launcher(args)
-    shown = ["python bench/sp_train.py", "--nproc", str(args.nproc), "--model", args.model, "--modes", mode,
-             "--seq", str(seq), "--steps", str(args.steps), *train_args]  # fmt: skip
-    if args.accelerate_config:
-        shown[2:2] = ["--accelerate-config", args.accelerate_config]
+    prefix, env = launcher(args, train_args)
+    shown = ["python bench/sp_train.py", *(["--nproc", str(args.nproc)] if args.nproc else []),
+             *(["--accelerate-config", args.accelerate_config] if args.accelerate_config else []),
+             "--model", args.model, "--modes", mode, "--seq", str(seq), "--steps", str(args.steps),
+             *train_args]  # fmt: skip
     row = {"name": "sp_train", "model": args.model, "mode": mode, "seq": seq, "nproc": args.nproc,
            "command": " ".join(shown)}  # fmt: skip
-    return run_isolated(prefix + train, row, args.timeout, args.out, collect=lambda: read_metrics(out_dir), env=env)
+    return run_isolated(prefix + train, row, args.timeout, args.out, collect=lambda: read_metrics(out_dir), env=env,
+                        cwd=ROOT)  # fmt: skip
 
 
 def main(argv=None) -> None:

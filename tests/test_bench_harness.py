@@ -49,6 +49,9 @@ def test_isolated_run_classifies_each_outcome(tmp_path):
 
     row, _ = _run(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert row["status"] == "killed"  # what the host's OOM killer looks like
+    launcher_report = 'print("  exitcode  : -9 (pid: 7)\\n  traceback : Signal 9 (SIGKILL) received", file=sys.stderr)'
+    row, _ = _run(tmp_path, launcher_report + "; sys.exit(1)")
+    assert row["status"] == "killed"  # a worker killed under torchrun/accelerate: too long, not a failure
 
 
 def test_isolated_run_timeout_keeps_the_workers_progress_and_ends_its_children(tmp_path):
@@ -56,7 +59,8 @@ def test_isolated_run_timeout_keeps_the_workers_progress_and_ends_its_children(t
     pid_file = tmp_path / "child.pid"
     body = f"""
         import subprocess
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                 start_new_session=True)  # as torchrun starts its workers
         open({str(pid_file)!r}, "w").write(str(child.pid))
         print("[1 s] model ready", file=sys.stderr, flush=True)
         time.sleep(60)
@@ -144,6 +148,7 @@ def test_sp_train_runs_train_py_on_two_ranks_with_the_one_process_losses(tmp_pat
         assert r["loss"] == pytest.approx(one["loss"], abs=2e-4), (r["mode"], r["loss"], one["loss"])
         assert r["steps"] == 2 and r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and r["peak_host_gib"] > 0
         assert "MULTI_CPU x2" in r["engine"] and f"--modes {r['mode']} --seq 512" in r["command"]
+        assert r["command"].startswith("python bench/sp_train.py --nproc 2 --model tiny-llama")
 
 
 def test_sp_train_search_and_errors(tmp_path):
@@ -152,5 +157,24 @@ def test_sp_train_search_and_errors(tmp_path):
     assert [r["seq"] for r in rows[:-1]] == [256, 512] and rows[-1]["longest_ok"] == 512
     (bad,) = _sp_train(tmp_path, "--nproc", "2", "--modes", "zigzag_ring_attn", "--seq", "510")
     assert bad["status"] == "error" and any("multiple of" in ln for ln in bad["error"])  # train.py's own message
-    with pytest.raises(SystemExit):
-        _sp_train(tmp_path, "--nproc", "2", "--seq", "512", "--seq-length", "1024")  # set by the script
+    for flag in (["--seq-length", "1024"], ["--max-train-steps=5"], ["--gradient-accumulate-every", "4"]):
+        with pytest.raises(SystemExit):  # set by the script
+            _sp_train(tmp_path, "--nproc", "2", "--seq", "512", *flag)
+
+
+def test_sp_train_gpu_launch_follows_the_dtype_and_the_config(monkeypatch):
+    """On GPUs the launch's mixed precision is train.py's --dtype (DeepSpeed ZeRO-3 creates the parameters in it),
+    and a config's process count is kept unless --nproc is given."""
+    import sp_train
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = "accelerate_configs/single_node.yaml"
+    args, extra = sp_train.parse_args(["--accelerate-config", cfg, "--seq", "65536", "--kernel", "cudnn"])
+    cmd, env = sp_train.launcher(args, extra)
+    assert "--num_processes" not in cmd and cmd[cmd.index("--config_file") + 1] == cfg
+    assert cmd[cmd.index("--mixed_precision") + 1] == "bf16" and env["NCCL_NVLS_ENABLE"] == "0"
+    args, extra = sp_train.parse_args(["--nproc", "8", "--seq", "65536", "--dtype=float32"])
+    cmd, _ = sp_train.launcher(args, extra)
+    assert cmd[cmd.index("--num_processes") + 1] == "8" and "--multi_gpu" in cmd
+    assert cmd[cmd.index("--mixed_precision") + 1] == "no"

@@ -3,6 +3,7 @@ single-process attention call on the same inputs (the comparison harness itself 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ def test_peers_agree_on_cpu(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())}
     assert rows.keys() == set(impls)
+    assert rows["deepspeed_ulysses"]["version"] == importlib.metadata.version("deepspeed")  # which peer was run
     for row in rows.values():
         assert row["status"] == "ok", row
         assert max(row[k] for k in ("out", "dq", "dk", "dv")) < 1e-5, row

@@ -113,6 +113,8 @@ def test_deepspeed_zero3_cpu_offload(data_dir, tmp_path):
     run_train(data_dir, tmp_path / "sp", "--parallel_mode", "zigzag_ring_attn", steps=3, config=ds, procs=2)
     run_train(data_dir, tmp_path / "mem", "--parallel_mode", "ulysses_attn", "--tiled-mlp", "3", "--checkpointing",
               "offload", "--chunked-rmsnorm", steps=3, config=ds, procs=2)  # fmt: skip  # memory stack, ZeRO-3 weights
+    bf16 = run_train(data_dir, tmp_path / "bf16", "--dtype", "bfloat16", steps=1, config=ds, check=False)
+    assert bf16.returncode != 0 and "--mixed_precision bf16" in bf16.stderr  # ZeRO-3 would build an fp32 model
     assert "DEEPSPEED" in (tmp_path / "sp" / "engine.txt").read_text()
     assert losses(tmp_path / "sp") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
     assert losses(tmp_path / "mem") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
@@ -166,6 +168,7 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--dataset", "random:0"), "random:ROWS"),
         (("--dataset", "random", "--tokenizer", ""), "give --vocab-size"),
         (("--checkpointing", "full", "--offload-layers", "2"), "needs a checkpointing mode that offloads"),
+        (("--vocab-size", "512"), "--vocab-size is for --dataset random"),
     ],
 )
 def test_bad_flags_fail_with_one_line(data_dir, tmp_path, extra, message):

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 MODEL=${MODEL:-h2oai/h2o-danube2-1.8b-base}
 DATA=${DATA:-data/slimpajama-256k}
 OUT=${OUT:-output/danube2-256k}
-accelerate launch --config_file accelerate_configs/single_node.yaml train.py \
+accelerate launch --config_file accelerate_configs/single_node.yaml --mixed_precision bf16 train.py \
     --model "$MODEL" --dataset "$DATA" --output-dir "$OUT" --seq-length 262144 --rope-theta 100000000 \
     --parallel_mode zigzag_ring_attn --batch-size 1 --gradient-accumulate-every 2 --max-train-steps 300 \
     --learning-rate 2e-5 --warmup-steps 20 --checkpointing full --loss chunked --seed 2024

@@ -16,7 +16,7 @@ OUT=${OUT:-output/llama2-7b}
 WANDB=${WANDB:-easy_context}
 
 stage() {  # stage <from> <name> <seq> <rope_theta> <mode> <steps> <grad_accum>
-    accelerate launch --config_file "$CFG" train.py --model "$1" --dataset "$DATA" --output-dir "$OUT/$2" \
+    accelerate launch --config_file "$CFG" --mixed_precision bf16 train.py --model "$1" --dataset "$DATA" --output-dir "$OUT/$2" \
         --seq-length "$3" --rope-theta "$4" --parallel_mode "$5" --max-train-steps "$6" \
         --gradient-accumulate-every "$7" --batch-size 1 --learning-rate 2e-5 --warmup-steps 20 \
         --checkpointing full --loss chunked --seed 2024 --wandb "$WANDB"

@@ -7,7 +7,7 @@ BASE=${BASE:-meta-llama/Meta-Llama-3-8B}
 DATA=${DATA:-data/slimpajama-1m}
 OUT=${OUT:-output/llama3-8b}
 stage() {  # stage <from> <name> <seq> <rope_theta> <steps>
-    accelerate launch --config_file accelerate_configs/single_node.yaml train.py --model "$1" --dataset "$DATA" \
+    accelerate launch --config_file accelerate_configs/single_node.yaml --mixed_precision bf16 train.py --model "$1" --dataset "$DATA" \
         --output-dir "$OUT/$2" --seq-length "$3" --rope-theta "$4" --parallel_mode usp_attn --ring_degree 2 \
         --max-train-steps "$5" --batch-size 1 --gradient-accumulate-every 1 --learning-rate 1e-5 \
         --warmup-steps 10 --checkpointing offload --tiled-mlp 8 --loss chunked --seed 2024
