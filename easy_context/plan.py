@@ -183,7 +183,9 @@ kernels (e.g. Liger's: no 10A fp32 temporaries, roughly ``--norm chunked``), Qwe
 head_dim (in neither norm model; eager they would save 3Q + 3K + 4 (n_h + n_kv) B per token per layer and make fp32
 q/k-sized temporaries in the backward, chunked the pre-norm q and k, Q + K, and the rstd; their weights, 2 d per
 layer, are not in P either), compile/cuda-graph pools, loading spikes, the extra copies when an attention call is
-split over heads (tensors past 2**31 elements: ``easy_context.kernels.base.head_groups``), ``HostAdamW``'s first
+split over heads (tensors past 2**31 elements: ``easy_context.kernels.base.head_groups``; the GQA dK/dV term then
+shrinks to one call's heads), the efficient/math kernels' explicit K/V repetition to the query heads (the planner
+assumes cuDNN or FA2, which read un-repeated K/V), ``HostAdamW``'s first
 step with its state still unallocated (``--validate`` reports that case separately).
 
 Validation (``python -m easy_context.plan --validate docs/results/h200_max_context.jsonl``)
