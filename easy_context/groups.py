@@ -97,6 +97,8 @@ def usp_layout(sp_rank: int, sp_size: int, ring_degree: int) -> tuple[int, int]:
 
 
 def check_ring_degree(sp_size: int, ring_degree: int) -> None:
+    if not isinstance(ring_degree, int) or isinstance(ring_degree, bool):
+        raise ValueError(f"usp_attn: ring_degree must be an integer, got {ring_degree!r}")
     if ring_degree < 1 or sp_size % ring_degree != 0:
         raise ValueError(
             f"usp_attn: ring_degree={ring_degree} must divide the sequence-parallel size {sp_size} "

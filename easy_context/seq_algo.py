@@ -62,6 +62,8 @@ class SeqAlgo:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {KERNEL_NAMES}")
         opts = self._options(kw)
         algo = self
+        given = "".join(f", {k}={v!r}" for k, v in kw.items())
+        pad_hint = f"easy_context.seq_multiple('{algo.name}', world_size{given})"
 
         def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None):
             if dropout_p:
@@ -69,12 +71,13 @@ class SeqAlgo:
                     f"{algo.name}: attention dropout is not supported by easy_context attention; "
                     "set the model's attention_dropout to 0"
                 )
-            check_shapes(q, k, v, causal=False)
-            if algo.distributed:
-                group = get_sp_group() if group is None else group
-                check_local_shapes(algo.name, q, k, group)
-            kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
             scale = default_scale(q.shape[-1], softmax_scale)
+            if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
+                group = get_sp_group() if group is None else group
+                check_local_shapes(algo.name, q, k, v, group, causal, scale, pad_hint)
+            else:
+                check_shapes(q, k, v, causal=False)
+            kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
             return algo.impl(q, k, v, kern, scale, causal, group, **opts)
 
         attn.__name__ = f"{algo.name}_attn"

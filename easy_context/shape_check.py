@@ -1,10 +1,12 @@
-"""Agreement of local shard shapes across the SP group, checked before any SP communication.
+"""Agreement of the attention inputs across the SP group, checked before any SP communication.
 
-Ring and all-to-all exchanges assume every rank holds a shard of the same shape and dtype; a mismatch
-(an unpadded batch, a rank that sharded differently) would otherwise surface as a hang or corrupted
-data. Every call does one tiny all-gather (on every rank, so the check itself can never hang); set
-``EASY_CONTEXT_SHAPE_CHECK=0`` to skip it once a setup is known to be right (it costs one host sync per
-attention call on GPUs).
+Ring and all-to-all exchanges assume every rank holds a shard of the same shape and dtype and runs the same
+attention (causal or not, same softmax scale); a mismatch (an unpadded batch, a rank that sharded differently,
+one rank's bad input) would otherwise surface as a hang, corrupted data or silently wrong attention. Every call
+does one tiny all-gather on every rank, *also on a rank whose own inputs are invalid*: each rank's local verdict
+travels with its signature, so all ranks raise together (a rank that raised alone would leave the others
+waiting in the next collective). Set ``EASY_CONTEXT_SHAPE_CHECK=0`` to skip the all-gather once a setup is known
+to be right (it costs one host sync per attention call on GPUs); local errors are then raised on their own rank.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from .kernels.base import check_shapes
+
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
 
@@ -21,26 +25,56 @@ def shape_check_enabled() -> bool:
     return os.environ.get("EASY_CONTEXT_SHAPE_CHECK", "1") != "0"
 
 
-def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, group: dist.ProcessGroup) -> None:
-    """Raise the same clear ValueError on every rank unless all hold equally shaped q/k shards."""
-    if q.shape[1] != k.shape[1]:  # local, so raised on every rank that has the problem before any collective
-        raise ValueError(
-            f"{algo}: q has {q.shape[1]} local rows but k/v have {k.shape[1]}; sequence-parallel attention is "
-            "self-attention over one sharded sequence: shard q, k and v the same way"
-        )
+def local_input_error(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """What is wrong with this rank's own q, k, v (None when they are fine)."""
+    try:
+        check_shapes(q, k, v, causal=False)
+    except ValueError as exc:
+        return f"{algo}: {exc}"
+    if q.shape[1] != k.shape[1]:
+        return (f"{algo}: q has {q.shape[1]} local rows but k/v have {k.shape[1]}; sequence-parallel attention is "
+                "self-attention over one sharded sequence: shard q, k and v the same way")  # fmt: skip
+    return None
+
+
+def _signature(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, ok: bool) -> list[int]:
+    """Fixed-length int64 summary: ok, q shape, k shape (padded to 4 dims), dtype, causal, scale's bits."""
+    dims = lambda t: [*t.shape[:4], *[-1] * (4 - min(t.dim(), 4))]  # noqa: E731
+    scale_bits = torch.tensor([float(scale)], dtype=torch.float64).view(torch.int64).item()
+    return [int(ok), *dims(q), *dims(k), _DTYPE_CODES.get(q.dtype, 9), int(causal), scale_bits]
+
+
+def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
+                       causal: bool = True, scale: float = 1.0, pad_hint: str | None = None) -> None:  # fmt: skip
+    """Raise a clear ValueError on every rank unless every rank holds valid, equally shaped q/k/v shards and
+    asks for the same attention (``causal``, ``scale``). ``pad_hint``: the ``seq_multiple`` call to suggest."""
+    error = local_input_error(algo, q, k, v)
     world = dist.get_world_size(group)
     if world == 1 or not shape_check_enabled():
+        if error:
+            raise ValueError(error)
         return
     device = torch.device("cpu") if dist.get_backend(group) == "gloo" else q.device
-    mine = torch.tensor([*q.shape, *k.shape, _DTYPE_CODES.get(q.dtype, 9)], dtype=torch.int64, device=device)
+    mine = torch.tensor(_signature(q, k, causal, scale, error is None), dtype=torch.int64, device=device)
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     gather(every, mine, group=group)
-    shapes = [tuple(row) for row in every.view(world, -1).tolist()]
-    if len(set(shapes)) != 1:
+    rows = [tuple(row) for row in every.view(world, -1).tolist()]
+    if error:
+        raise ValueError(error)
+    bad = [r for r, row in enumerate(rows) if not row[0]]
+    if bad:
+        raise ValueError(f"{algo}: SP rank(s) {bad} of this group rejected their attention inputs (their error "
+                         "says why); every rank must call attention with valid, equally sharded q, k, v")  # fmt: skip
+    if len({row[1:10] for row in rows}) != 1:
+        hint = pad_hint or f"easy_context.seq_multiple('{algo}', world_size)"
         raise ValueError(
-            f"{algo}: every rank must hold a shard of the same shape and dtype; got local "
-            f"(q shape, k shape, dtype code) {[(s[:4], s[4:8], s[8]) for s in shapes]} (local lengths "
-            f"{[s[1] for s in shapes]}). Pad the full sequence with easy_context.pad_to_multiple(x, "
-            f"easy_context.seq_multiple('{algo}', world_size)) and shard it with easy_context.extract_local"
+            f"{algo}: every rank must hold a shard of the same shape and dtype; got local (q shape, k shape, dtype "
+            f"code) {[(row[1:5], row[5:9], row[9]) for row in rows]} (local lengths {[row[2] for row in rows]}). "
+            f"Pad the full sequence with easy_context.pad_to_multiple(x, {hint}) and shard it with "
+            "easy_context.extract_local"
         )
+    if len({row[10:] for row in rows}) != 1:
+        scales = [torch.tensor([row[11]]).view(torch.float64).item() for row in rows]
+        raise ValueError(f"{algo}: every rank must run the same attention; got causal {[bool(r[10]) for r in rows]}, "
+                         f"softmax scale {scales}")  # fmt: skip
