@@ -157,6 +157,10 @@ def test_sp_train_search_and_errors(tmp_path):
     assert [r["seq"] for r in rows[:-1]] == [256, 512] and rows[-1]["longest_ok"] == 512
     (bad,) = _sp_train(tmp_path, "--nproc", "2", "--modes", "zigzag_ring_attn", "--seq", "510")
     assert bad["status"] == "error" and any("multiple of" in ln for ln in bad["error"])  # train.py's own message
+    import sp_train
+
+    with pytest.raises(SystemExit):  # nothing to do: neither lengths nor a search
+        sp_train.parse_args(["--nproc", "2"])
     for flag in (["--seq-length", "1024"], ["--max-train-steps=5"], ["--gradient-accumulate-every", "4"]):
         with pytest.raises(SystemExit):  # set by the script
             _sp_train(tmp_path, "--nproc", "2", "--seq", "512", *flag)

@@ -328,5 +328,7 @@ def test_random_tokens_source():
     assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], RandomTokens(100, 64, 5, seed=4)[0])
     with pytest.raises(IndexError):
         ds[5]
+    with pytest.raises(ValueError, match="positive sizes"):
+        RandomTokens(0, 64)
     with pytest.raises(ValueError, match="vocabulary size"):
         load_train_dataset("random", None, seq_length=64)
