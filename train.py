@@ -27,6 +27,7 @@ from transformers import get_scheduler
 
 import easy_context as ec
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
+from easy_context.deepspeed_precision import deepspeed_precision_error
 from easy_context.kernels import KERNEL_NAMES, get_kernel
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
@@ -145,18 +146,6 @@ def check_layout(args, sp_size: int, config) -> None:
                      f"--parallel_mode usp_attn with a larger --ring_degree, or zigzag_ring_attn")  # fmt: skip
 
 
-def check_deepspeed_precision(accelerator, dtype: str) -> None:
-    """Under DeepSpeed ZeRO-3 the parameters are created in the launch's mixed precision, whatever --dtype says:
-    refuse a mismatch (an fp32 model twice the size, or bf16 where fp32 was asked for) with the fix."""
-    if accelerator.state.deepspeed_plugin is None:
-        return
-    want = "bf16" if dtype == "bfloat16" else "no"
-    if accelerator.mixed_precision != want:
-        sys.exit(f"error: --dtype {dtype} under DeepSpeed needs mixed precision '{want}', the launch has "
-                 f"'{accelerator.mixed_precision}': pass `accelerate launch --mixed_precision {want} ...` (a "
-                 f"config with deepspeed_config_file cannot carry it)")  # fmt: skip
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -174,7 +163,9 @@ def main(argv=None) -> None:
         if launched
         else [],
     )
-    check_deepspeed_precision(accelerator, args.dtype)
+    error = deepspeed_precision_error(accelerator, getattr(torch, args.dtype))  # ZeRO-3 builds in that precision
+    if error:
+        sys.exit(f"error: --dtype {args.dtype}: {error}")
     set_seed(args.seed)
     if not torch.distributed.is_initialized():  # one process: a process group of one, so SP code runs unchanged
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)

@@ -191,3 +191,31 @@ def test_needle_bad_haystack_dir(setup, tmp_path, make, message):
     with pytest.raises(SystemExit) as exc:
         eval_needle.main(["--model", str(setup["tiny"]), "--haystack_dir", str(folder)])
     assert message in str(exc.value) and "fetch.py" in str(exc.value)
+
+
+def test_deepspeed_launch_precision_must_match_the_model_dtype():
+    """Under DeepSpeed ZeRO-3 the launch's mixed precision decides the parameters' dtype: a mismatch is refused
+    before any model is built (train.py and the evals share the check)."""
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+
+    from easy_context.deepspeed_precision import deepspeed_precision_error
+    from easy_context.eval.runtime import load_eval_model
+
+    def launch(mixed, deepspeed=True):
+        return SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=object() if deepspeed else None),
+                               mixed_precision=mixed)  # fmt: skip
+
+    assert deepspeed_precision_error(launch("bf16"), torch.bfloat16) is None
+    assert deepspeed_precision_error(launch("no"), torch.float32) is None
+    assert deepspeed_precision_error(launch("fp16"), torch.float16) is None
+    assert deepspeed_precision_error(launch("no", deepspeed=False), torch.bfloat16) is None  # DDP: model dtype rules
+    assert deepspeed_precision_error(None, torch.bfloat16) is None
+    msg = deepspeed_precision_error(launch("no"), torch.bfloat16)
+    assert "--mixed_precision bf16" in msg and "'no'" in msg
+    assert "--mixed_precision no" in deepspeed_precision_error(launch("bf16"), torch.float32)
+    runtime = SimpleNamespace(accelerator=launch("no"))
+    with pytest.raises(ValueError, match="--mixed_precision bf16"):
+        load_eval_model("tiny-llama", runtime, 256, torch.bfloat16)

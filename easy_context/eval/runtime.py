@@ -134,8 +134,12 @@ def load_eval_model(
     targets, the loss with them), so ``CausalLMWithLoss(model)`` wraps it as is. Under an accelerate DeepSpeed
     config the model is prepared by accelerate (ZeRO-3 parameter sharding for models that do not fit one device).
     """
+    from ..deepspeed_precision import deepspeed_precision_error
     from ..models import load_model
 
+    error = deepspeed_precision_error(runtime.accelerator, dtype)  # ZeRO-3 would build the model in another dtype
+    if error:
+        raise ValueError(error)
     model = load_model(name, vocab_size=vocab_size, rope_theta=rope_theta, dtype=dtype, seed=seed)
     model.config.use_cache = False
     check_layout(runtime, model.config)
