@@ -86,8 +86,12 @@ def classify_failure(returncode: int, stderr: str) -> str:
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``, all its descendants (found before any dies, so none escapes by being reparented) and its
     process group."""
-    import psutil  # accelerate's dependency
-
+    try:
+        import psutil  # accelerate's dependency
+    except ImportError:  # without it: the process group (a launcher's own-session workers may survive)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        return
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:

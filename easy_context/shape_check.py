@@ -12,6 +12,7 @@ to be right (it costs one host sync per attention call on GPUs); local errors ar
 from __future__ import annotations
 
 import os
+import struct
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,7 @@ def local_input_error(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def _signature(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, ok: bool) -> list[int]:
     """Fixed-length int64 summary: ok, q shape, k shape (padded to 4 dims), dtype, causal, scale's bits."""
     dims = lambda t: [*t.shape[:4], *[-1] * (4 - min(t.dim(), 4))]  # noqa: E731
-    scale_bits = torch.tensor([float(scale)], dtype=torch.float64).view(torch.int64).item()
+    scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]  # exact: compared bit for bit
     return [int(ok), *dims(q), *dims(k), _DTYPE_CODES.get(q.dtype, 9), int(causal), scale_bits]
 
 
@@ -75,6 +76,6 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             "easy_context.extract_local"
         )
     if len({row[10:] for row in rows}) != 1:
-        scales = [torch.tensor([row[11]]).view(torch.float64).item() for row in rows]
+        scales = [struct.unpack("<d", struct.pack("<q", row[11]))[0] for row in rows]
         raise ValueError(f"{algo}: every rank must run the same attention; got causal {[bool(r[10]) for r in rows]}, "
                          f"softmax scale {scales}")  # fmt: skip
