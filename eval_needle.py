@@ -30,6 +30,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.models import PRESETS
+from easy_context.process_exit import exit_process
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -132,3 +133,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)

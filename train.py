@@ -40,6 +40,7 @@ from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_ch
 from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model
 from easy_context.optim import OPTIMIZERS, build_optimizer
+from easy_context.process_exit import exit_process
 from easy_context.train_state import EpochShuffleSampler, load_training_state, save_hf_checkpoint, save_training_state
 
 
@@ -296,3 +297,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)

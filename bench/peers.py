@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import easy_context as ec  # noqa: E402
 from easy_context.kernels import get_kernel  # noqa: E402
+from easy_context.process_exit import exit_process  # noqa: E402
 
 Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # local (b, s, h, d) -> local out
 
@@ -175,15 +176,8 @@ def main(argv=None) -> None:
             print(json.dumps(row), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
-    dist.destroy_process_group()
-    if "deepspeed" in sys.modules:
-        # DeepSpeed 0.19.8 leaves a C++ thread that aborts this interpreter's teardown on CPU/gloo in about one run
-        # of four ("terminate called without an active exception", SIGABRT, measured 2026-11-29; without DeepSpeed
-        # 0 of 8). Everything is written and the process group is down: end without the teardown.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 if __name__ == "__main__":
     main()
+    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)

@@ -43,9 +43,9 @@ def init_sp_groups(sp_size: int | None = None) -> tuple[dist.ProcessGroup, dist.
     if _SP_SIZE is not None:
         if _SP_SIZE != sp_size:
             raise RuntimeError(f"SP groups already initialised with sp_size={_SP_SIZE}; call reset_groups() first")
-        return _SP_GROUP, _DP_GROUP
+        return get_sp_group(), _DP_GROUP
     if sp_size == world:
-        sp_group = dist.group.WORLD
+        sp_group = None  # the world: looked up on use, never held (a held group outlives destroy_process_group)
     else:
         sp_group = None
         for start in range(0, world, sp_size):  # every rank creates every group, in the same order
@@ -60,7 +60,7 @@ def init_sp_groups(sp_size: int | None = None) -> tuple[dist.ProcessGroup, dist.
             if rank % sp_size == sp_rank:
                 dp_group = g
     _SP_GROUP, _DP_GROUP, _SP_SIZE = sp_group, dp_group, sp_size
-    return sp_group, dp_group
+    return get_sp_group(), dp_group
 
 
 def get_sp_group() -> dist.ProcessGroup:
@@ -75,7 +75,9 @@ def get_dp_group() -> dist.ProcessGroup | None:
 
 
 def reset_groups() -> None:
-    """Forget cached groups (tests; a new process group)."""
+    """Forget cached groups (tests; a new process group). Call it before ``destroy_process_group``: a group
+    still referenced here is only freed at interpreter exit, where gloo's worker threads can abort the process
+    (see :mod:`easy_context.process_exit`)."""
     global _SP_GROUP, _DP_GROUP, _SP_SIZE
     _SP_GROUP = _DP_GROUP = _SP_SIZE = None
     _USP_CACHE.clear()
