@@ -88,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--offload-layers", type=int, default=None, metavar="K",
                    help="with --checkpointing offload/attn-offload: only the first K layer inputs go to the host "
                         "(pageable), the rest stay on the GPU (when the host cannot hold them all)")  # fmt: skip
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
+                   help="with --checkpointing full/offload: keep only every K-th layer input, regenerate the others "
+                        "in the backward (1/K of the checkpoint bytes, (K-1)/K extra forward per layer)")  # fmt: skip
     p.add_argument(
         "--chunked-rmsnorm",
         action="store_true",
@@ -194,7 +197,8 @@ def main(argv=None) -> None:
         kernel = get_kernel("auto", accelerator.device, model.dtype, head_dim).name  # checkpoint-after-attention
     ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=kernel, **opts)
     try:
-        apply_checkpointing(model, args.checkpointing, offload_layers=args.offload_layers)  # per decoder layer
+        apply_checkpointing(model, args.checkpointing, offload_layers=args.offload_layers,
+                            checkpoint_every=args.checkpoint_every)  # fmt: skip  # per decoder layer
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     if args.tiled_mlp:

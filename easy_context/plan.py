@@ -83,6 +83,11 @@ Memory options (``--options``; a configuration is ``full``, ``offload`` or ``off
   ``--mlp-tile-tokens N``: tiles of N tokens, ``enable_tiled_mlp(model, tile_tokens=N)``).
 - ``+chunked``: chunked linear cross-entropy (``--loss-chunk``, 1024).
 
+``--checkpoint-every K`` (``train.py --checkpoint-every K``, :mod:`easy_context.memory.strided_checkpoint`):
+only ceil(L/K) layer inputs are checkpointed (L above becomes ceil(L/K) for every configuration, the split's k
+included); the backward of one group of K layers holds its K-1 regenerated inputs on the GPU, (K-1) A per token
+in every layer phase. Not validated on a GPU yet (CPU tests check the stored and regenerated tensors).
+
 RMSNorm (``--norm``): every Llama-style decoder layer has two, the input norm (its input is the layer input x,
 alive anyway as the checkpoint or the recompute input) and the post-attention norm (its input h1 = x + attn out),
 plus the final norm before the LM head. Per (s, h) norm:
@@ -461,6 +466,7 @@ class Setup:
     pinned_pow2: bool = True
     ring_degree: int | None = None  # usp_attn; None: the repo's default, else the next feasible
     norm: str = "eager"  # RMSNorm autograd: "eager" (transformers') or "chunked" (enable_chunked_rmsnorm)
+    checkpoint_every: int = 1  # keep every K-th layer input, regenerate the others (strided_checkpoint)
 
     def __post_init__(self):
         if self.optim not in OPTIMS:
@@ -473,6 +479,12 @@ class Setup:
             raise ValueError(f"sp_size {self.sp_size} must divide the number of GPUs {self.gpus}")
         if self.mlp_tiles is not None and self.mlp_tile_tokens is not None:
             raise ValueError("give mlp_tiles (a tile count) or mlp_tile_tokens (tokens per tile), not both")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be an integer >= 1, got {self.checkpoint_every!r}")
+
+    def stored_inputs(self, layers: int) -> int:
+        """How many layer inputs are checkpointed: one per group of ``checkpoint_every`` layers."""
+        return -(-layers // self.checkpoint_every)
 
     @property
     def procs_per_node(self) -> int:
@@ -563,7 +575,7 @@ class Budget:
     pinned_pow2_tensors: int = 0  # host checkpoint tensors of s*h*2 B each (power-of-two rounded)
     pinned_tensor_per_token: float = 0.0
     offload_layers: int = 0  # layer inputs held in host memory, per process (the first ones; the others on GPU)
-    layers: int = 0
+    layers: int = 0  # checkpointed layer inputs (the layer count unless checkpoint_every > 1)
 
     def gpu_phase_totals(self, s: float) -> dict[str, float]:
         base = sum(t.at(s) for t in self.gpu_persistent)
@@ -641,15 +653,16 @@ def build_budget(
     host_adamw = setup.optim == "host_adamw"
     gather = setup.optim not in ("ddp", "host_adamw")
     split = option.checkpointing == "offload-split"
+    stored = setup.stored_inputs(L)  # checkpointed layer inputs (L unless checkpoint_every > 1)
     if option.checkpointing == "full":
         k = 0
     elif option.checkpointing == "offload" or offload_layers is None:
-        k = L
+        k = stored
     else:
         k = int(offload_layers)
-        if not 0 <= k <= L:
-            raise ValueError(f"offload_layers must be in 0..{L}, got {offload_layers}")
-    resident = L - k  # layer inputs kept on the GPU: those of the LAST L - k layers
+        if not 0 <= k <= stored:
+            raise ValueError(f"offload_layers must be in 0..{stored}, got {offload_layers}")
+    resident = stored - k  # layer inputs kept on the GPU: those of the LAST stored - k groups
     ring = lay.mode in ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
     uly = lay.ulysses > 1
 
@@ -681,12 +694,15 @@ def build_budget(
     pers.append(Term("RoPE cos/sin (bf16)", per_token=4 * d))
 
     # checkpointed layer inputs on the GPU: at the first layer the backward reaches (L-1) and at the last (0)
-    top_ckpt = [Term(f"layer-input checkpoints on GPU ({resident} of L={L} x s x h x 2 B)", per_token=resident * A)]
+    top_ckpt = [Term(f"layer-input checkpoints on GPU ({resident} of {stored} x s x h x 2 B)", per_token=resident * A)]
     top_ckpt = top_ckpt if resident else []
     x_back = Term("layer input x back on GPU (recompute)", per_token=A)
     top_x = [] if resident else [x_back]
-    bottom_ckpt = [Term("layer 0's input checkpoint on GPU", per_token=A)] if resident == L else []
-    bottom_x = [] if resident == L else [x_back]
+    bottom_ckpt = [Term("layer 0's input checkpoint on GPU", per_token=A)] if resident == stored else []
+    bottom_x = [] if resident == stored else [x_back]
+    group = min(setup.checkpoint_every, L)  # strided checkpointing: a group's backward holds its regenerated inputs
+    regen = [Term(f"regenerated inputs of one layer group ({group - 1} x s x h x 2 B)", per_token=(group - 1) * A)]
+    regen = regen if group > 1 else []
 
     # gradients alive in the layer phases
     if gather:
@@ -786,17 +802,17 @@ def build_budget(
         bwd.append(Term("kernel GQA: dK, dV at the query heads before the group sum", per_token=2 * Q))
 
     phases = {
-        "attn fwd": top_ckpt + top_x + fwd + ([] if gather else grads_top),  # ZeRO: the layer's grads come later
-        "mlp bwd": top_ckpt + mlp + grads_top,
-        "norm bwd": top_ckpt + norm + grads_top,
-        "attn bwd": top_ckpt + bwd + grads_top,
+        "attn fwd": top_ckpt + top_x + regen + fwd + ([] if gather else grads_top),  # ZeRO: the grads come later
+        "mlp bwd": top_ckpt + regen + mlp + grads_top,
+        "norm bwd": top_ckpt + regen + norm + grads_top,
+        "attn bwd": top_ckpt + regen + bwd + grads_top,
     }
     if host_adamw:  # the gradients grow through the backward: the last layer (0) is a moment of its own
         phases |= {
-            "attn fwd @ layer 0": bottom_ckpt + bottom_x + fwd + grads_bottom,
-            "mlp bwd @ layer 0": bottom_ckpt + mlp + grads_bottom,
-            "norm bwd @ layer 0": bottom_ckpt + norm + grads_bottom,
-            "attn bwd @ layer 0": bottom_ckpt + bwd + grads_bottom,
+            "attn fwd @ layer 0": bottom_ckpt + bottom_x + regen + fwd + grads_bottom,
+            "mlp bwd @ layer 0": bottom_ckpt + regen + mlp + grads_bottom,
+            "norm bwd @ layer 0": bottom_ckpt + regen + norm + grads_bottom,
+            "attn bwd @ layer 0": bottom_ckpt + regen + bwd + grads_bottom,
         }
 
     # loss
@@ -855,7 +871,7 @@ def build_budget(
                               per_token=G * k * A))  # fmt: skip
         pow2_tensors = G * k if setup.pinned_pow2 and not split else 0
     host_phases = {"forward/backward": ckpt_host, "optimizer step": step_host}
-    return Budget(lay, option, reserve, pers, phases, host, host_phases, setup.frag, pow2_tensors, A, k, L)
+    return Budget(lay, option, reserve, pers, phases, host, host_phases, setup.frag, pow2_tensors, A, k, stored)
 
 
 # ---------------------------------------------------------------------------------------------------- the solve
@@ -907,10 +923,10 @@ def split_offload_layers(shape: ModelShape, setup: Setup, mode: str, option: Mem
     b = build_budget(shape, setup, mode, option, offload_layers=0)
     s = seq / b.layout.shard
     if s <= 0:
-        return shape.layers
+        return setup.stored_inputs(shape.layers)
     fixed = sum(t.at(s) for t in b.host) + sum(t.at(s) for t in b.host_phases["forward/backward"])
     per_layer = setup.procs_per_node * 2 * shape.hidden * s
-    return max(0, min(shape.layers, int((setup.host_mem - fixed) // per_layer)))
+    return max(0, min(setup.stored_inputs(shape.layers), int((setup.host_mem - fixed) // per_layer)))
 
 
 def budget_at(shape: ModelShape, setup: Setup, mode: str, option: MemOption, seq: int,
@@ -932,7 +948,7 @@ def predict(shape: ModelShape, setup: Setup, mode: str, option: MemOption) -> Pr
     if lay.infeasible:
         return Prediction(mode, option.name, 0, "infeasible", lay.infeasible, ring_degree=rd)
     split = option.checkpointing == "offload-split"
-    ks = range(shape.layers, -1, -1) if split else [None]
+    ks = range(setup.stored_inputs(shape.layers), -1, -1) if split else [None]
     budgets = [build_budget(shape, setup, mode, option, k) for k in ks]
     solved = [_solve(b, setup) for b in budgets]
     j = max(range(len(solved)), key=lambda n: solved[n][0])  # ties: the first (most offloaded)
@@ -1127,7 +1143,7 @@ def format_breakdown(shape: ModelShape, setup: Setup, budget: Budget, seq: int) 
     lay = budget.layout
     split = ""
     if budget.option.checkpointing == "offload-split":
-        split = f"; {budget.offload_layers} of {budget.layers} layer inputs offloaded"
+        split = f"; {budget.offload_layers} of {budget.layers} stored layer inputs offloaded"
     lines = [
         f"Byte budget per GPU at S = {seq:,} tokens ({lay.mode}, {budget.option.name}, {setup.optim}, "
         f"{setup.norm} RMSNorm; "
@@ -1208,6 +1224,8 @@ def main(argv: list[str] | None = None) -> int:
         help="RMSNorm autograd: eager (transformers', the default) or chunked (enable_chunked_rmsnorm); "
         "--validate: default the probe's own",
     )
+    ap.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
+                    help="keep every K-th layer input, regenerate the others (as train.py --checkpoint-every)")
     ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
     ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")
     ap.add_argument("--cuda-reserve", default="1.5GB")
@@ -1269,6 +1287,7 @@ def main(argv: list[str] | None = None) -> int:
         pinned_pow2=not args.no_pinned_pow2,
         ring_degree=args.ring_degree,
         norm=args.norm or "eager",
+        checkpoint_every=args.checkpoint_every,
     )
     options = [OPTION_BY_NAME[o] for o in args.options]
     preds = plan(shape, setup, args.sp, options)

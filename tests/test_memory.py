@@ -223,6 +223,60 @@ def test_offload_disabled_and_eval(monkeypatch: pytest.MonkeyPatch) -> None:
     assert log.packed == []
 
 
+def _deep_llama(layers: int):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = copy.deepcopy(_config("llama"))
+    config.num_hidden_layers = layers
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().train()
+
+
+@pytest.mark.parametrize("mode", ["full", "offload"])
+@pytest.mark.parametrize("every", [2, 3, 5])
+def test_checkpoint_every_keeps_one_input_per_group(mode: str, every: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 layers, one stored input per group of ``every``: same loss and grads as no checkpointing, ceil(5/every)
+    inputs go to the host, and each group re-runs its first every-1 layers once more to regenerate the rest."""
+    from easy_context.memory import apply_checkpointing
+
+    layers = 5
+    ref_loss, ref_grads = _loss_and_grads(_deep_llama(layers))
+    log = _HookLog(monkeypatch)
+    model = apply_checkpointing(_deep_llama(layers), mode, checkpoint_every=every)
+    runs = [0] * layers
+    for i, layer in enumerate(model.model.layers):
+        layer.mlp.register_forward_pre_hook(lambda m, a, i=i: runs.__setitem__(i, runs[i] + 1))
+    loss, grads = _loss_and_grads(model)
+    assert _rel_err(loss, ref_loss) < 1e-6
+    assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-6
+    heads = list(range(0, layers, every))
+    stored = [((BATCH, SEQ, HIDDEN), torch.device("cpu"), True)] * len(heads)
+    assert log.packed == (stored if mode == "offload" else [])
+    last = {h: min(h + every, layers) - 1 for h in heads}  # each group's last layer needs no extra run
+    assert runs == [2 + (i not in last.values()) for i in range(layers)], runs
+
+
+def test_checkpoint_every_refuses_what_it_cannot_regenerate() -> None:
+    """Hidden states changed between layers, layers out of order, attention replay, a bad K: clear errors."""
+    from easy_context.memory import apply_checkpointing
+    from easy_context.memory.strided_checkpoint import LayerGroups, strided_checkpoint
+
+    groups = LayerGroups(num_layers=3, every=3)
+    x = torch.randn(2, 4, requires_grad=True)
+    y = strided_checkpoint(torch.tanh, x, groups=groups, index=0)
+    with pytest.raises(RuntimeError, match="not the output of layer 0"):
+        strided_checkpoint(torch.tanh, y * 2, groups=groups, index=1)
+    strided_checkpoint(torch.tanh, x, groups=groups, index=0)
+    with pytest.raises(RuntimeError, match="layer 2 ran after layer 0"):
+        strided_checkpoint(torch.tanh, x, groups=groups, index=2)
+    with pytest.raises(ValueError, match="needs checkpointing mode 'full' or 'offload'"):
+        apply_checkpointing(_model("llama"), "attn-offload", checkpoint_every=2)
+    with pytest.raises(ValueError, match="cannot be combined with replay_attention"):
+        enable_offloaded_checkpointing(_model("llama"), replay_attention=True, checkpoint_every=2)
+    with pytest.raises(ValueError, match="integer >= 1"):
+        apply_checkpointing(_model("llama"), "full", checkpoint_every=0)
+
+
 # --- tiled MLP on one module ---------------------------------------------------------------------------------
 
 

@@ -451,3 +451,29 @@ def test_shape_models_build_the_published_architectures():
     assert shape_config("shape:Meta-Llama-3.1-8B").num_key_value_heads == 8  # aliases, any case
     with pytest.raises(ValueError, match="unknown model shape"):
         shape_config("shape:llama-9b")
+
+
+def test_checkpoint_every_stores_one_input_per_group():
+    """checkpoint_every=K: ceil(L/K) layer inputs held (GPU and host), K-1 regenerated inputs in a group's backward,
+    K=1 exactly the ordinary budget; the 8 x H200 Llama-3-8B limit grows past the 5M-token target at K=2."""
+    from dataclasses import replace
+
+    shape = load_model_shape("llama-3-8b")
+    base = Setup(gpus=8, gpu_mem=parse_size("141GB"), host_mem=parse_size("560GB"), norm="chunked")
+    cfg = parse_config("offload-split+tiled+chunked")
+    s = 1 << 20
+    for k, stored in ((1, 32), (2, 16), (3, 11), (40, 1)):
+        setup = replace(base, checkpoint_every=k)
+        assert setup.stored_inputs(32) == stored
+        full = build_budget(shape, setup, "ulysses_attn", parse_config("full+tiled+chunked")).at(s)
+        ckpt = [b for name, b in full["gpu"] if name.startswith("layer-input checkpoints")]
+        assert ckpt == [pytest.approx(stored * 2 * 4096 * full["local_tokens"])]
+        regen = [b for name, b in full["gpu"] if name.startswith("regenerated inputs")]
+        assert regen == ([pytest.approx((min(k, 32) - 1) * 2 * 4096 * full["local_tokens"])] if k > 1 else [])
+        off = build_budget(shape, setup, "ulysses_attn", parse_config("offload+tiled+chunked")).at(s)
+        host_ckpt = [b for name, b in off["host"] if name.startswith("offloaded checkpoints")]
+        assert host_ckpt == [pytest.approx(8 * stored * 2 * 4096 * full["local_tokens"])]  # 8 processes per node
+    one, two = (predict(shape, replace(base, checkpoint_every=k), "ulysses_attn", cfg).max_seq for k in (1, 2))
+    assert one == predict(shape, base, "ulysses_attn", cfg).max_seq and one < 5_000_000 < two
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        replace(base, checkpoint_every=0)

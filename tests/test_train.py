@@ -80,9 +80,10 @@ def expected_lrs(steps: int, lr: float = 2e-3, warmup: int = 2) -> list[float]:
 
 def test_sp_reproduces_data_parallel_and_saves_hf_checkpoint(data_dir, tmp_path):
     run_train(data_dir, tmp_path / "dp", "--parallel_mode", "data_parallel")
-    run_train(data_dir, tmp_path / "zz", "--parallel_mode", "zigzag_ring_attn", procs=2)
+    run_train(data_dir, tmp_path / "zz", "--parallel_mode", "zigzag_ring_attn", "--checkpoint-every", "3",
+              procs=2)  # fmt: skip  # groups of layers 0-2 and 3: inputs of 1, 2 regenerated through the ring
     run_train(data_dir, tmp_path / "uly", "--parallel_mode", "ulysses_attn", "--checkpointing", "offload",
-              "--tiled-mlp", "3", procs=2)  # fmt: skip
+              "--checkpoint-every", "2", "--tiled-mlp", "3", procs=2)  # fmt: skip  # inputs of layers 1, 3 regenerated
     run_train(data_dir, tmp_path / "host", "--parallel_mode", "data_parallel", "--checkpointing", "attn",
               "--optimizer", "host_adamw", "--chunked-rmsnorm")  # fmt: skip  # one-GPU long-context stack
     ref = losses(tmp_path / "dp")
@@ -168,6 +169,8 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--dataset", "random:0"), "random:ROWS"),
         (("--dataset", "random", "--tokenizer", ""), "give --vocab-size"),
         (("--checkpointing", "full", "--offload-layers", "2"), "needs a checkpointing mode that offloads"),
+        (("--checkpointing", "attn", "--checkpoint-every", "2"), "needs checkpointing mode 'full' or 'offload'"),
+        (("--checkpoint-every", "0"), "checkpoint_every must be an integer >= 1"),
         (("--vocab-size", "512"), "--vocab-size is for --dataset random"),
     ],
 )

@@ -50,6 +50,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..attn_checkpoint import AttnCache
+from .strided_checkpoint import LayerGroups, strided_checkpoint
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -141,6 +142,7 @@ def enable_offloaded_checkpointing(
     replay_attention: bool = False,
     offload_layers: int | None = None,
     pin_memory: bool = True,
+    checkpoint_every: int = 1,
 ) -> torch.nn.Module:
     """Checkpoint every decoder layer of the HF ``model`` with :func:`offloaded_checkpoint`; returns ``model``.
 
@@ -154,21 +156,45 @@ def enable_offloaded_checkpointing(
     ``offload_layers=n`` offloads only the first n checkpointed layers' inputs (the others stay on the device), to
     split the checkpoints between host and device memory when the host cannot hold them all. ``pin_memory=False``
     offloads to pageable memory (see :func:`pack_to_host`).
+
+    ``checkpoint_every=k`` stores only every k-th layer input; the others are regenerated in the backward from
+    their group's stored input (:mod:`easy_context.memory.strided_checkpoint`): ceil(L/k) layer inputs held
+    instead of L, for (k-1)/k of a layer forward more per layer. Not with ``replay_attention``.
     """
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing (no checkpointable layers)")
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    if checkpoint_every > 1 and replay_attention:
+        raise ValueError("checkpoint_every > 1 regenerates layer inputs by re-running whole layers: it cannot be "
+                         "combined with replay_attention (checkpointing mode 'attn'); use 'full' or 'offload'")
     extra = {"context_fn": _attn_replay_contexts} if replay_attention else {}
     func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False, pin_memory=pin_memory, **extra)
     # HF's own setter: stores ``func`` as ``_gradient_checkpointing_func`` of every GradientCheckpointingLayer
     # (and of the other modules carrying a ``gradient_checkpointing`` flag) and sets the flag.
     model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
-    if offload and offload_layers is not None:
-        from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.modeling_layers import GradientCheckpointingLayer
 
-        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-        for layer in layers[offload_layers:]:
-            layer._gradient_checkpointing_func = functools.partial(func, offload=False)
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    offloaded = [offload and (offload_layers is None or i < offload_layers) for i in range(len(layers))]
+    if checkpoint_every > 1:
+        groups = LayerGroups(len(layers), checkpoint_every)
+        for i, layer in enumerate(layers):
+            hooks = {"pack": functools.partial(_pack, pin_memory=pin_memory), "unpack": _unpack} if offloaded[i] else {}
+            layer._gradient_checkpointing_func = functools.partial(strided_checkpoint, groups=groups, index=i, **hooks)
+    else:
+        for layer, off in zip(layers, offloaded):
+            if offload and not off:
+                layer._gradient_checkpointing_func = functools.partial(func, offload=False)
     return model
+
+
+def _pack(tensor: torch.Tensor, pin_memory: bool) -> HostCopy | torch.Tensor:
+    return pack_to_host(tensor, pin_memory=pin_memory)  # looked up per call, so that tests can observe it
+
+
+def _unpack(packed: HostCopy | torch.Tensor) -> torch.Tensor:
+    return unpack_to_device(packed)
 
 
 CHECKPOINT_MODES: dict[str, str] = {
@@ -180,16 +206,23 @@ CHECKPOINT_MODES: dict[str, str] = {
 }
 
 
-def apply_checkpointing(model: torch.nn.Module, mode: str, offload_layers: int | None = None) -> torch.nn.Module:
+def apply_checkpointing(
+    model: torch.nn.Module, mode: str, offload_layers: int | None = None, checkpoint_every: int = 1
+) -> torch.nn.Module:
     """Set up activation checkpointing of ``model``'s decoder layers by name (see :data:`CHECKPOINT_MODES`).
 
     ``offload_layers=k`` (offload modes only): only the first k layer inputs go to the host, in pageable
-    exact-size blocks (the split of the longest-context runs: the host holds what it can, the GPU the rest)."""
+    exact-size blocks (the split of the longest-context runs: the host holds what it can, the GPU the rest).
+    ``checkpoint_every=k`` (modes full and offload): only every k-th layer input is kept, see
+    :func:`enable_offloaded_checkpointing`."""
     if mode not in CHECKPOINT_MODES:
         raise ValueError(f"unknown checkpointing mode {mode!r}; choose one of {list(CHECKPOINT_MODES)}")
     if offload_layers is not None and ("offload" not in mode or offload_layers < 0):
         raise ValueError(f"offload_layers={offload_layers} needs a checkpointing mode that offloads (offload, "
                          f"attn-offload) and a count >= 0, got mode {mode!r}")  # fmt: skip
+    if checkpoint_every != 1 and mode not in ("full", "offload"):
+        raise ValueError(f"checkpoint_every={checkpoint_every} needs checkpointing mode 'full' or 'offload' "
+                         f"(it re-runs whole layers to regenerate their inputs), got mode {mode!r}")  # fmt: skip
     if mode == "none":
         return model
     impl = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
@@ -200,7 +233,7 @@ def apply_checkpointing(model: torch.nn.Module, mode: str, offload_layers: int |
         )
     split = {} if offload_layers is None else {"offload_layers": offload_layers, "pin_memory": False}
     return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"),
-                                          **split)  # fmt: skip
+                                          checkpoint_every=checkpoint_every, **split)  # fmt: skip
 
 
 # --- EasyContext-compatible monkey patch -------------------------------------------------------------------

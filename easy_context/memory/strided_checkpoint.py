@@ -1,0 +1,146 @@
+"""Keep one decoder-layer input in every K: the others are regenerated in the backward.
+
+Ordinary layer checkpointing keeps every layer's input ``(batch, seq_local, hidden)`` from the forward to the
+backward: L of them, which is what bounds the longest context once everything else is tiled, chunked or
+offloaded (Llama-3-8B: 32 layers x 8 KiB per token). With ``every=K`` only the inputs of layers 0, K, 2K, ...
+are stored (in host memory when offloading). The input of a layer in between is not saved: a small
+:class:`Regenerate` token stands for it. When the backward first needs one of them (at the last layer of the
+group) the group's stored input goes once through the group's first K-1 layers without grad, which yields the
+K-1 missing inputs; each then waits on the device until its own layer's recompute takes it. Every layer is
+recomputed and differentiated as with ordinary checkpointing.
+
+- Held from forward to backward: ceil(L/K) layer inputs instead of L.
+- Transient, during the backward of one group: K-1 layer inputs on the device.
+- Extra compute: K-1 layer forwards per group of K layers, (K-1)/K of a layer forward per layer; a checkpointed
+  layer already costs about four forwards (forward, recompute, backward = 2), so K=2 adds about 12 %.
+- Exact: the regenerated inputs are the forward's values, recomputed by the same deterministic kernels (the
+  assumption ordinary checkpointing makes of its recompute). Layers must be called once each, in order, each
+  on the previous layer's output; anything else raises.
+
+How: each layer's non-reentrant ``checkpoint`` runs inside a ``saved_tensors_hooks`` pair, which sees exactly the
+inputs checkpoint saves (see :mod:`easy_context.memory.offload_checkpoint`). A group's first layer packs its input
+as usual (a host copy when offloading) and the group remembers the packed object; the other layers pack a token.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class Regenerate:
+    """Stands for the input of decoder layer ``index``: recomputed from its group's stored input on unpack."""
+
+    index: int
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def _hidden(output: Any) -> torch.Tensor:
+    """A decoder layer's output hidden states (transformers 5 layers return the tensor, older ones a tuple)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+class LayerGroups:
+    """One model's state for one forward/backward: the stored group inputs, each layer's bound forward, and the
+    inputs regenerated for the backward. Layer ``index`` belongs to the group starting at ``index - index % every``.
+    """
+
+    def __init__(self, num_layers: int, every: int):
+        if every < 1 or num_layers < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 (got {every}) and the model needs decoder layers")
+        self.num_layers, self.every = num_layers, every
+        self.stored: dict[int, tuple[Any, Callable[[Any], torch.Tensor]]] = {}  # head -> (packed input, unpack)
+        self.functions: dict[int, Callable[..., Any]] = {}  # layer -> its forward, keyword arguments bound
+        self.regenerated: dict[int, torch.Tensor] = {}  # layer -> its input, waiting for its recompute
+        self._next = 0
+        self._last_output: weakref.ref | None = None
+
+    def start_layer(self, index: int, hidden: torch.Tensor) -> None:
+        """Forward bookkeeping: layers run once each, in order, each on the previous layer's output."""
+        if index == 0:  # a new forward: what an earlier one left (no backward, or frozen layers) is dropped
+            self.stored.clear()
+            self.functions.clear()
+            self.regenerated.clear()
+        elif index != self._next:
+            raise RuntimeError(
+                f"checkpoint_every={self.every}: decoder layer {index} ran after layer {self._next - 1}; regenerating "
+                "layer inputs needs the layers called once each, in order (use checkpoint_every=1 for this model)"
+            )
+        elif index % self.every and (self._last_output is None or self._last_output() is not hidden):
+            raise RuntimeError(
+                f"checkpoint_every={self.every}: the input of decoder layer {index} is not the output of layer "
+                f"{index - 1} (this model changes the hidden states between layers); use checkpoint_every=1"
+            )
+        self._next = index + 1
+
+    def end_layer(self, index: int, function: Callable[..., Any], output: Any) -> None:
+        self.functions[index] = function
+        self._last_output = weakref.ref(_hidden(output))
+
+    def regenerate(self, index: int) -> torch.Tensor:
+        """The input of layer ``index`` (not a group head), recomputed with its group's missing inputs."""
+        if index not in self.regenerated:
+            head = index - index % self.every
+            last = min(head + self.every, self._next) - 1  # the group's last layer that ran in the forward
+            if head not in self.stored:
+                raise RuntimeError(f"the stored input of decoder layer {head} is gone: one backward per forward")
+            packed, unpack = self.stored.pop(head)
+            hidden = unpack(packed)
+            with torch.no_grad():
+                for layer in range(head, last):
+                    hidden = _hidden(self.functions.pop(layer)(hidden))
+                    self.regenerated[layer + 1] = hidden
+            self.functions.pop(last, None)
+        return self.regenerated.pop(index)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def strided_checkpoint(
+    function: Callable[..., Any],
+    *args: Any,
+    groups: LayerGroups,
+    index: int,
+    pack: Callable[[torch.Tensor], Any] = _identity,
+    unpack: Callable[[Any], torch.Tensor] = _identity,
+    **kwargs: Any,
+) -> Any:
+    """Non-reentrant ``checkpoint(function, *args)`` of decoder layer ``index`` under ``groups``' layer-input policy.
+
+    ``args[0]`` is the layer input ``hidden_states`` (batch, seq_local, hidden). ``pack``/``unpack`` are how a
+    stored input is held (identity: on the device; the offload hooks: in host memory); other saved inputs go the
+    same way. ``kwargs`` go to ``checkpoint`` (``use_reentrant`` must stay False).
+    """
+    if kwargs.pop("use_reentrant", False):
+        raise ValueError("checkpoint_every > 1 works with non-reentrant checkpointing only")
+    hidden = args[0]
+    groups.start_layer(index, hidden)
+    head = index % groups.every == 0
+
+    def pack_hook(t: torch.Tensor) -> Any:
+        if not _same_tensor(t, hidden):
+            return pack(t)
+        if head:
+            packed = pack(t)
+            groups.stored[index] = (packed, unpack)
+            return packed
+        return Regenerate(index)
+
+    def unpack_hook(packed: Any) -> torch.Tensor:
+        return groups.regenerate(packed.index) if isinstance(packed, Regenerate) else unpack(packed)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, unpack_hook):
+        output = checkpoint(function, *args, use_reentrant=False, **kwargs)
+    groups.end_layer(index, function, output)
+    return output
