@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--offload-layers", default="auto", help="'auto' (what the host holds), 'all', or a number")
     p.add_argument("--host-reserve-gb", type=float, default=8.0, help="host memory kept free for the runtime")
     p.add_argument("--chunked-rmsnorm", action="store_true", help="easy_context.memory.enable_chunked_rmsnorm")
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
+                   help="store one layer input per K layers, regenerate the others (strided_checkpoint)")  # fmt: skip
     p.add_argument("--mlp-tile-tokens", type=int, default=8192)
     p.add_argument("--optimizer", default="host_adamw", choices=["host_adamw", "adamw"])
     p.add_argument("--timeout", type=int, default=900, help="seconds per probe")
@@ -68,7 +70,8 @@ def host_available_bytes() -> float:
 
 
 def offloadable_layers(args, seq: int, n_params: int, hidden: int, layers: int) -> int:
-    """How many layer inputs (seq x hidden bf16 each) the host holds next to the optimizer's 12 B/param."""
+    """How many stored layer inputs (seq x hidden bf16 each) the host holds next to the optimizer's 12 B/param
+    (``layers``: the stored ones, one per ``--checkpoint-every`` layers)."""
     if args.offload_layers == "all":
         return layers
     if args.offload_layers != "auto":
@@ -112,12 +115,14 @@ def run_probe(args, seq: int) -> dict:
     model.train()
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
-    k = offloadable_layers(args, seq, n_params, cfg.hidden_size, cfg.num_hidden_layers)
+    stored = -(-cfg.num_hidden_layers // args.checkpoint_every)
+    k = offloadable_layers(args, seq, n_params, cfg.hidden_size, stored)
     kernel = get_kernel(
         args.kernel, device, dtype, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     ).name
     ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=kernel)  # our kernel interface, named
-    enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False)
+    enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False,
+                                   checkpoint_every=args.checkpoint_every)  # fmt: skip
     enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)
     if args.chunked_rmsnorm:
         enable_chunked_rmsnorm(model)
@@ -156,6 +161,7 @@ def run_probe(args, seq: int) -> dict:
         "seq": seq,
         "params": n_params,
         "offload_layers": k,
+        "checkpoint_every": args.checkpoint_every,
         "loss": round(loss, 4),
         "fwd_bwd_s": round(t1 - t0, 2),
         "optimizer_s": round(t2 - t1, 2),

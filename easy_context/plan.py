@@ -1074,7 +1074,8 @@ def validate_probe(row: dict, **setup_kw) -> dict:
     kw = dict(gpus=1, gpu_mem=row.get("gpu_total_gib", 80) * GIB, host_mem=parse_size("1TB"),
               optim=PROBE_OPTIMIZERS[row.get("optimizer", "host_adamw")],
               mlp_tile_tokens=_flag(command, "--mlp-tile-tokens") or 8192,
-              norm="chunked" if re.search(r"--chunked-rmsnorm\b", command) else "eager")  # fmt: skip
+              norm="chunked" if re.search(r"--chunked-rmsnorm\b", command) else "eager",
+              checkpoint_every=int(row.get("checkpoint_every", 1)))  # fmt: skip
     setup = Setup(**(kw | {k: v for k, v in setup_kw.items() if v is not None}))
     option = parse_config("offload-split+tiled+chunked")
     k = int(row["offload_layers"])

@@ -92,7 +92,7 @@ def test_isolated_run_collects_a_result_file(tmp_path):
     assert row["status"] == "error" and row["returncode"] == 3 and "v" not in row
 
 
-@pytest.mark.parametrize("extra", [[], ["--chunked-rmsnorm"]])
+@pytest.mark.parametrize("extra", [[], ["--chunked-rmsnorm", "--checkpoint-every", "3"]])
 def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra):
     out = tmp_path / "mc.jsonl"
     max_context.main(["--model", "tiny-llama", "--seq", "512", "--timeout", "300", "--out", str(out), *extra])
@@ -101,6 +101,7 @@ def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra):
     assert row["seq"] == 512 and row["optimizer"] == "host_adamw" and math.isfinite(row["loss"])
     assert row["params"] > 0 and 0 <= row["offload_layers"] and row["device"] == "cpu"
     assert ("--chunked-rmsnorm" in row["command"]) == bool(extra) and row["command"].endswith("--seq 512")
+    assert row["checkpoint_every"] == (3 if extra else 1) and row["offload_layers"] <= (2 if extra else 4)  # stored
 
 
 def test_max_context_search_brackets_the_longest_ok(tmp_path, monkeypatch):

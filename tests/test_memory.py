@@ -256,6 +256,16 @@ def test_checkpoint_every_keeps_one_input_per_group(mode: str, every: int, monke
     assert runs == [2 + (i not in last.values()) for i in range(layers)], runs
 
 
+def test_checkpoint_every_with_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """offload_layers counts stored inputs: 5 layers in groups of 2 store 3 inputs; the first 2 go to the host."""
+    ref_loss, ref_grads = _loss_and_grads(_deep_llama(5))
+    log = _HookLog(monkeypatch)
+    model = enable_offloaded_checkpointing(_deep_llama(5), offload_layers=2, pin_memory=False, checkpoint_every=2)
+    loss, grads = _loss_and_grads(model)
+    assert _rel_err(loss, ref_loss) < 1e-6 and max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-6
+    assert log.packed == [((BATCH, SEQ, HIDDEN), torch.device("cpu"), True)] * 2  # layers 0 and 2; layer 4 on device
+
+
 def test_checkpoint_every_refuses_what_it_cannot_regenerate() -> None:
     """Hidden states changed between layers, layers out of order, attention replay, a bad K: clear errors."""
     from easy_context.memory import apply_checkpointing

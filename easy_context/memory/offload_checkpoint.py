@@ -153,7 +153,7 @@ def enable_offloaded_checkpointing(
     checkpointing, layers are checkpointed only in training mode (``model.train()``) with grad enabled, and
     ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.
 
-    ``offload_layers=n`` offloads only the first n checkpointed layers' inputs (the others stay on the device), to
+    ``offload_layers=n`` offloads only the first n stored layer inputs (the others stay on the device), to
     split the checkpoints between host and device memory when the host cannot hold them all. ``pin_memory=False``
     offloads to pageable memory (see :func:`pack_to_host`).
 
@@ -176,7 +176,9 @@ def enable_offloaded_checkpointing(
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    offloaded = [offload and (offload_layers is None or i < offload_layers) for i in range(len(layers))]
+    # offload_layers counts stored inputs: with checkpoint_every=k, layer i stores the input of group i // k
+    offloaded = [offload and (offload_layers is None or i // checkpoint_every < offload_layers)
+                 for i in range(len(layers))]  # fmt: skip
     if checkpoint_every > 1:
         groups = LayerGroups(len(layers), checkpoint_every)
         for i, layer in enumerate(layers):

@@ -24,7 +24,6 @@ as usual (a host copy when offloading) and the group remembers the packed object
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +61,7 @@ class LayerGroups:
         self.functions: dict[int, Callable[..., Any]] = {}  # layer -> its forward, keyword arguments bound
         self.regenerated: dict[int, torch.Tensor] = {}  # layer -> its input, waiting for its recompute
         self._next = 0
-        self._last_output: weakref.ref | None = None
+        self._last_output: torch.Tensor | None = None  # held from the end of one layer to the start of the next
 
     def start_layer(self, index: int, hidden: torch.Tensor) -> None:
         """Forward bookkeeping: layers run once each, in order, each on the previous layer's output."""
@@ -75,16 +74,19 @@ class LayerGroups:
                 f"checkpoint_every={self.every}: decoder layer {index} ran after layer {self._next - 1}; regenerating "
                 "layer inputs needs the layers called once each, in order (use checkpoint_every=1 for this model)"
             )
-        elif index % self.every and (self._last_output is None or self._last_output() is not hidden):
+        elif index % self.every and (self._last_output is None or not _same_tensor(self._last_output, hidden)):
             raise RuntimeError(
                 f"checkpoint_every={self.every}: the input of decoder layer {index} is not the output of layer "
                 f"{index - 1} (this model changes the hidden states between layers); use checkpoint_every=1"
             )
         self._next = index + 1
+        self._last_output = None
 
     def end_layer(self, index: int, function: Callable[..., Any], output: Any) -> None:
         self.functions[index] = function
-        self._last_output = weakref.ref(_hidden(output))
+        # the next layer must get this very tensor (or an alias of its storage, as DeepSpeed ZeRO-3's module hooks
+        # pass on): then the regenerated input equals the forward's
+        self._last_output = _hidden(output) if index + 1 < self.num_layers else None
 
     def regenerate(self, index: int) -> torch.Tensor:
         """The input of layer ``index`` (not a group head), recomputed with its group's missing inputs."""
