@@ -256,6 +256,28 @@ def test_checkpoint_every_keeps_one_input_per_group(mode: str, every: int, monke
     assert runs == [2 + (i not in last.values()) for i in range(layers)], runs
 
 
+@pytest.mark.parametrize("every", [2, 3])
+def test_checkpoint_every_regenerates_under_the_forwards_autocast_and_rng(every: int) -> None:
+    """Attention dropout and CPU bf16 autocast: the regenerated inputs repeat the forward's dropout masks and
+    precision, so the gradients equal ordinary checkpointing's (which restores both for its recompute)."""
+    from easy_context.memory import apply_checkpointing
+
+    def run(k: int):
+        model = _deep_llama(5)
+        model.config.attention_dropout = 0.2
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.2
+        apply_checkpointing(model, "full", checkpoint_every=k)
+        torch.manual_seed(7)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _loss_and_grads(model)
+
+    (ref_loss, ref_grads), (loss, grads) = run(1), run(every)
+    assert _rel_err(loss, ref_loss) == 0.0
+    errs = {n: _rel_err(grads[n], ref_grads[n]) for n in ref_grads}
+    assert max(errs.values()) < 1e-6, sorted(errs.items(), key=lambda kv: -kv[1])[:3]
+
+
 def test_checkpoint_every_with_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     """offload_layers counts stored inputs: 5 layers in groups of 2 store 3 inputs; the first 2 go to the host."""
     ref_loss, ref_grads = _loss_and_grads(_deep_llama(5))

@@ -14,8 +14,9 @@ recomputed and differentiated as with ordinary checkpointing.
 - Extra compute: K-1 layer forwards per group of K layers, (K-1)/K of a layer forward per layer; a checkpointed
   layer already costs about four forwards (forward, recompute, backward = 2), so K=2 adds about 12 %.
 - Exact: the regenerated inputs are the forward's values, recomputed by the same deterministic kernels (the
-  assumption ordinary checkpointing makes of its recompute). Layers must be called once each, in order, each
-  on the previous layer's output; anything else raises.
+  assumption ordinary checkpointing makes of its recompute), under each layer's own autocast and RNG state
+  (dropout masks repeat). Layers must be called once each, in order, each on the previous layer's output;
+  anything else raises.
 
 How: each layer's non-reentrant ``checkpoint`` runs inside a ``saved_tensors_hooks`` pair, which sees exactly the
 inputs checkpoint saves (see :mod:`easy_context.memory.offload_checkpoint`). A group's first layer packs its input
@@ -24,7 +25,8 @@ as usual (a host copy when offloading) and the group remembers the packed object
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,36 @@ class Regenerate:
     """Stands for the input of decoder layer ``index``: recomputed from its group's stored input on unpack."""
 
     index: int
+
+
+@dataclass(frozen=True)
+class ForwardState:
+    """What a layer's forward ran under, and its regeneration runs under again: autocast and the RNG (dropout).
+    (``checkpoint`` does the same for its own recompute.)"""
+
+    autocast: tuple[tuple[str, bool, torch.dtype], ...]  # (device type, enabled, dtype)
+    autocast_cache: bool
+    cpu_rng: torch.Tensor
+    cuda_rng: tuple[tuple[int, torch.Tensor], ...]  # (device index, state) of the input's CUDA device
+
+    @classmethod
+    def capture(cls, device: torch.device) -> ForwardState:
+        types = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+        autocast = tuple((t, torch.is_autocast_enabled(t), torch.get_autocast_dtype(t)) for t in types)
+        cuda = ((device.index or 0, torch.cuda.get_rng_state(device)),) if device.type == "cuda" else ()
+        return cls(autocast, torch.is_autocast_cache_enabled(), torch.get_rng_state(), cuda)
+
+    @contextmanager
+    def restored(self) -> Iterator[None]:
+        with torch.random.fork_rng(devices=[i for i, _ in self.cuda_rng]), ExitStack() as stack:
+            torch.set_rng_state(self.cpu_rng)
+            for index, state in self.cuda_rng:
+                torch.cuda.set_rng_state(state, index)
+            for device_type, enabled, dtype in self.autocast:
+                stack.enter_context(
+                    torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=self.autocast_cache)
+                )
+            yield
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -58,7 +90,7 @@ class LayerGroups:
             raise ValueError(f"checkpoint_every must be >= 1 (got {every}) and the model needs decoder layers")
         self.num_layers, self.every = num_layers, every
         self.stored: dict[int, tuple[Any, Callable[[Any], torch.Tensor]]] = {}  # head -> (packed input, unpack)
-        self.functions: dict[int, Callable[..., Any]] = {}  # layer -> its forward, keyword arguments bound
+        self.functions: dict[int, tuple[Callable[..., Any], ForwardState]] = {}  # layer -> its bound forward
         self.regenerated: dict[int, torch.Tensor] = {}  # layer -> its input, waiting for its recompute
         self._next = 0
         self._last_output: torch.Tensor | None = None  # held from the end of one layer to the start of the next
@@ -82,8 +114,8 @@ class LayerGroups:
         self._next = index + 1
         self._last_output = None
 
-    def end_layer(self, index: int, function: Callable[..., Any], output: Any) -> None:
-        self.functions[index] = function
+    def end_layer(self, index: int, function: Callable[..., Any], state: ForwardState, output: Any) -> None:
+        self.functions[index] = (function, state)
         # the next layer must get this very tensor (or an alias of its storage, as DeepSpeed ZeRO-3's module hooks
         # pass on): then the regenerated input equals the forward's
         self._last_output = _hidden(output) if index + 1 < self.num_layers else None
@@ -99,7 +131,9 @@ class LayerGroups:
             hidden = unpack(packed)
             with torch.no_grad():
                 for layer in range(head, last):
-                    hidden = _hidden(self.functions.pop(layer)(hidden))
+                    function, state = self.functions.pop(layer)
+                    with state.restored():
+                        hidden = _hidden(function(hidden))
                     self.regenerated[layer + 1] = hidden
             self.functions.pop(last, None)
         return self.regenerated.pop(index)
@@ -128,6 +162,7 @@ def strided_checkpoint(
         raise ValueError("checkpoint_every > 1 works with non-reentrant checkpointing only")
     hidden = args[0]
     groups.start_layer(index, hidden)
+    state = ForwardState.capture(hidden.device)
     head = index % groups.every == 0
 
     def pack_hook(t: torch.Tensor) -> Any:
@@ -144,5 +179,5 @@ def strided_checkpoint(
 
     with torch.autograd.graph.saved_tensors_hooks(pack_hook, unpack_hook):
         output = checkpoint(function, *args, use_reentrant=False, **kwargs)
-    groups.end_layer(index, function, output)
+    groups.end_layer(index, function, state, output)
     return output
