@@ -86,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
     )
     p.add_argument("--offload-layers", type=int, default=None, metavar="K",
-                   help="with --checkpointing offload/attn-offload: only the first K layer inputs go to the host "
+                   help="with --checkpointing offload/attn-offload: the first K stored layer inputs go to the host "
                         "(pageable), the rest stay on the GPU (when the host cannot hold them all)")  # fmt: skip
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
                    help="with --checkpointing full/offload: keep only every K-th layer input, regenerate the others "

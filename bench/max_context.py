@@ -57,7 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=int, default=900, help="seconds per probe")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.checkpoint_every < 1:
+        p.error(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
+    return args
 
 
 def host_available_bytes() -> float:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 _SP_GROUP: dist.ProcessGroup | None = None
 _DP_GROUP: dist.ProcessGroup | None = None
 _SP_SIZE: int | None = None
-_USP_CACHE: dict[tuple[tuple[int, ...], int], UspGroups] = {}
+_USP_CACHE: dict[tuple[tuple[int, ...], int], tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = {}
 
 
 def _require_dist() -> None:
@@ -118,12 +118,14 @@ def get_usp_groups(group: dist.ProcessGroup, ring_degree: int) -> UspGroups:
         ulysses_degree = sp_size // ring_degree
         ring_idx, uly_idx = usp_layout(dist.get_rank(group), sp_size, ring_degree)
 
-        def sub(members: list[int]) -> dist.ProcessGroup:
+        def sub(members: list[int]) -> dist.ProcessGroup | None:
             if len(members) == sp_size:
-                return group
+                return None  # ``group`` itself: not held here (it may be the world, see reset_groups)
             return dist.new_group([ranks[i] for i in members], use_local_synchronization=True)
 
         uly = sub([ring_idx * ulysses_degree + u for u in range(ulysses_degree)])
         ring = sub([r * ulysses_degree + uly_idx for r in range(ring_degree)])
-        _USP_CACHE[key] = UspGroups(uly, ring, ulysses_degree, ring_degree)
-    return _USP_CACHE[key]
+        _USP_CACHE[key] = (uly, ring)
+    uly, ring = _USP_CACHE[key]
+    uly, ring = (group if g is None else g for g in (uly, ring))
+    return UspGroups(uly, ring, sp_size // ring_degree, ring_degree)

@@ -85,8 +85,10 @@ Memory options (``--options``; a configuration is ``full``, ``offload`` or ``off
 
 ``--checkpoint-every K`` (``train.py --checkpoint-every K``, :mod:`easy_context.memory.strided_checkpoint`):
 only ceil(L/K) layer inputs are checkpointed (L above becomes ceil(L/K) for every configuration, the split's k
-included); the backward of one group of K layers holds its K-1 regenerated inputs on the GPU, (K-1) A per token
-in every layer phase. Not validated on a GPU yet (CPU tests check the stored and regenerated tensors).
+included); in the backward of a group of K layers its K-1 regenerated inputs are on the GPU: the layer's own
+(where x comes back from the host it is counted already) and those waiting for their recompute, so (K-1) A or
+(K-2) A more per token in the layer phases ("@ layer 0": the moment of the group's last layer, near the end of
+the backward). Not validated on a GPU yet (CPU tests check the stored and regenerated tensors).
 
 RMSNorm (``--norm``): every Llama-style decoder layer has two, the input norm (its input is the layer input x,
 alive anyway as the checkpoint or the recompute input) and the post-attention norm (its input h1 = x + attn out),
@@ -700,9 +702,16 @@ def build_budget(
     top_x = [] if resident else [x_back]
     bottom_ckpt = [Term("layer 0's input checkpoint on GPU", per_token=A)] if resident == stored else []
     bottom_x = [] if resident == stored else [x_back]
-    group = min(setup.checkpoint_every, L)  # strided checkpointing: a group's backward holds its regenerated inputs
-    regen = [Term(f"regenerated inputs of one layer group ({group - 1} x s x h x 2 B)", per_token=(group - 1) * A)]
-    regen = regen if group > 1 else []
+    # strided checkpointing: in a group's backward, the layer's own input is a regenerated one (counted already
+    # where x comes back from the host), and the inputs of the group's earlier layers wait for their recompute
+    group = min(setup.checkpoint_every, L)
+
+    def regenerated(own_counted: bool) -> list[Term]:
+        n = group - 1 - own_counted
+        return [Term(f"regenerated layer inputs of one group ({n} x s x h x 2 B)", per_token=n * A)] if n > 0 else []
+
+    regen_top = regenerated(own_counted=bool(top_x)) if group > 1 else []
+    regen_bottom = regenerated(own_counted=bool(bottom_x)) if group > 1 else []
 
     # gradients alive in the layer phases
     if gather:
@@ -802,17 +811,17 @@ def build_budget(
         bwd.append(Term("kernel GQA: dK, dV at the query heads before the group sum", per_token=2 * Q))
 
     phases = {
-        "attn fwd": top_ckpt + top_x + regen + fwd + ([] if gather else grads_top),  # ZeRO: the grads come later
-        "mlp bwd": top_ckpt + regen + mlp + grads_top,
-        "norm bwd": top_ckpt + regen + norm + grads_top,
-        "attn bwd": top_ckpt + regen + bwd + grads_top,
+        "attn fwd": top_ckpt + top_x + regen_top + fwd + ([] if gather else grads_top),  # ZeRO: the grads come later
+        "mlp bwd": top_ckpt + regen_top + mlp + grads_top,
+        "norm bwd": top_ckpt + regen_top + norm + grads_top,
+        "attn bwd": top_ckpt + regen_top + bwd + grads_top,
     }
     if host_adamw:  # the gradients grow through the backward: the last layer (0) is a moment of its own
         phases |= {
-            "attn fwd @ layer 0": bottom_ckpt + bottom_x + regen + fwd + grads_bottom,
-            "mlp bwd @ layer 0": bottom_ckpt + regen + mlp + grads_bottom,
-            "norm bwd @ layer 0": bottom_ckpt + regen + norm + grads_bottom,
-            "attn bwd @ layer 0": bottom_ckpt + regen + bwd + grads_bottom,
+            "attn fwd @ layer 0": bottom_ckpt + bottom_x + regen_bottom + fwd + grads_bottom,
+            "mlp bwd @ layer 0": bottom_ckpt + regen_bottom + mlp + grads_bottom,
+            "norm bwd @ layer 0": bottom_ckpt + regen_bottom + norm + grads_bottom,
+            "attn bwd @ layer 0": bottom_ckpt + regen_bottom + bwd + grads_bottom,
         }
 
     # loss

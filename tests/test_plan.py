@@ -468,9 +468,12 @@ def test_checkpoint_every_stores_one_input_per_group():
         full = build_budget(shape, setup, "ulysses_attn", parse_config("full+tiled+chunked")).at(s)
         ckpt = [b for name, b in full["gpu"] if name.startswith("layer-input checkpoints")]
         assert ckpt == [pytest.approx(stored * 2 * 4096 * full["local_tokens"])]
-        regen = [b for name, b in full["gpu"] if name.startswith("regenerated inputs")]
-        assert regen == ([pytest.approx((min(k, 32) - 1) * 2 * 4096 * full["local_tokens"])] if k > 1 else [])
+        per_input = 2 * 4096 * full["local_tokens"]
+        regen = [b for name, b in full["gpu"] if name.startswith("regenerated layer inputs")]
+        assert regen == ([pytest.approx((min(k, 32) - 1) * per_input)] if k > 1 else [])
         off = build_budget(shape, setup, "ulysses_attn", parse_config("offload+tiled+chunked")).at(s)
+        regen = [b for name, b in off["gpu"] if name.startswith("regenerated layer inputs")]  # own input: x back
+        assert regen == ([pytest.approx((min(k, 32) - 2) * per_input)] if k > 2 else [])
         host_ckpt = [b for name, b in off["host"] if name.startswith("offloaded checkpoints")]
         assert host_ckpt == [pytest.approx(8 * stored * 2 * 4096 * full["local_tokens"])]  # 8 processes per node
     one, two = (predict(shape, replace(base, checkpoint_every=k), "ulysses_attn", cfg).max_seq for k in (1, 2))

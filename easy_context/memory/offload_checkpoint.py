@@ -183,7 +183,8 @@ def enable_offloaded_checkpointing(
         groups = LayerGroups(len(layers), checkpoint_every)
         for i, layer in enumerate(layers):
             hooks = {"pack": functools.partial(_pack, pin_memory=pin_memory), "unpack": _unpack} if offloaded[i] else {}
-            layer._gradient_checkpointing_func = functools.partial(strided_checkpoint, groups=groups, index=i, **hooks)
+            layer._gradient_checkpointing_func = functools.partial(strided_checkpoint, groups=groups, index=i,
+                                                                   module=layer, **hooks)  # fmt: skip
     else:
         for layer, off in zip(layers, offloaded):
             if offload and not off:

@@ -35,13 +35,6 @@ from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
-class Regenerate:
-    """Stands for the input of decoder layer ``index``: recomputed from its group's stored input on unpack."""
-
-    index: int
-
-
-@dataclass(frozen=True)
 class ForwardState:
     """What a layer's forward ran under, and its regeneration runs under again: autocast and the RNG (dropout).
     (``checkpoint`` does the same for its own recompute.)"""
@@ -80,63 +73,103 @@ def _hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+@contextmanager
+def _unsharded(module: torch.nn.Module | None) -> Iterator[None]:
+    """FSDP2 (``fully_shard``) layers hold sharded parameters outside their own forward/backward: a regenerating
+    forward, which calls the layer's forward directly, gathers them first."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        FSDPModule = ()  # noqa: N806
+    if not isinstance(module, FSDPModule):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
+
+
+class ForwardPass:
+    """One forward pass under strided checkpointing: the groups' stored inputs, each layer's bound forward, and
+    the inputs regenerated for the backward. Only the autograd graph refers to it (through :class:`Regenerate`
+    tokens), so it lives as long as the graph: freed with it, after the backward or without one."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.stored: dict[int, Any] = {}  # group head -> its packed input (a detached tensor or a host copy)
+        self.layers: dict[int, tuple[Callable[..., Any], ForwardState, torch.nn.Module | None]] = {}
+        self.regenerated: dict[int, torch.Tensor] = {}  # layer -> its input, waiting for its recompute
+        self.ran = 0  # layers run in this forward
+
+    def regenerate(self, index: int, unpack: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        """The input of layer ``index`` (not a group head), recomputed with its group's other missing inputs."""
+        if index not in self.regenerated:
+            head = index - index % self.every
+            last = min(head + self.every, self.ran) - 1  # the group's last layer that ran in the forward
+            if head not in self.stored:
+                raise RuntimeError(
+                    f"checkpoint_every={self.every}: the stored input of decoder layer {head} was already used; "
+                    "a second backward through the same graph (retain_graph) needs checkpoint_every=1"
+                )
+            hidden = unpack(self.stored.pop(head))
+            with torch.no_grad():
+                for layer in range(head, last):
+                    function, state, module = self.layers.pop(layer)
+                    with state.restored(), _unsharded(module):
+                        hidden = _hidden(function(hidden))
+                    self.regenerated[layer + 1] = hidden
+            self.layers.pop(last, None)
+        return self.regenerated.pop(index)
+
+
+@dataclass(frozen=True)
+class Regenerate:
+    """Saved in place of the input of decoder layer ``index``: recomputed from its group's stored input when the
+    backward unpacks it. Holds the forward pass it belongs to (a later forward does not disturb it)."""
+
+    index: int
+    forward: ForwardPass
+
+
 class LayerGroups:
-    """One model's state for one forward/backward: the stored group inputs, each layer's bound forward, and the
-    inputs regenerated for the backward. Layer ``index`` belongs to the group starting at ``index - index % every``.
-    """
+    """One model's strided checkpointing: layer ``index`` belongs to the group starting at ``index - index % every``.
+    Holds the forward pass in progress only while it runs (then the graph holds it)."""
 
     def __init__(self, num_layers: int, every: int):
         if every < 1 or num_layers < 1:
             raise ValueError(f"checkpoint_every must be >= 1 (got {every}) and the model needs decoder layers")
         self.num_layers, self.every = num_layers, every
-        self.stored: dict[int, tuple[Any, Callable[[Any], torch.Tensor]]] = {}  # head -> (packed input, unpack)
-        self.functions: dict[int, tuple[Callable[..., Any], ForwardState]] = {}  # layer -> its bound forward
-        self.regenerated: dict[int, torch.Tensor] = {}  # layer -> its input, waiting for its recompute
-        self._next = 0
+        self.current: ForwardPass | None = None
         self._last_output: torch.Tensor | None = None  # held from the end of one layer to the start of the next
 
-    def start_layer(self, index: int, hidden: torch.Tensor) -> None:
+    def start_layer(self, index: int, hidden: torch.Tensor) -> ForwardPass:
         """Forward bookkeeping: layers run once each, in order, each on the previous layer's output."""
-        if index == 0:  # a new forward: what an earlier one left (no backward, or frozen layers) is dropped
-            self.stored.clear()
-            self.functions.clear()
-            self.regenerated.clear()
-        elif index != self._next:
+        if index == 0:
+            self.current = ForwardPass(self.every)
+        elif self.current is None or index != self.current.ran:
+            after = "the start of a forward" if self.current is None else f"layer {self.current.ran - 1}"
             raise RuntimeError(
-                f"checkpoint_every={self.every}: decoder layer {index} ran after layer {self._next - 1}; regenerating "
-                "layer inputs needs the layers called once each, in order (use checkpoint_every=1 for this model)"
+                f"checkpoint_every={self.every}: decoder layer {index} ran after {after}; regenerating layer inputs "
+                "needs the layers called once each, in order (use checkpoint_every=1 for this model)"
             )
         elif index % self.every and (self._last_output is None or not _same_tensor(self._last_output, hidden)):
             raise RuntimeError(
                 f"checkpoint_every={self.every}: the input of decoder layer {index} is not the output of layer "
                 f"{index - 1} (this model changes the hidden states between layers); use checkpoint_every=1"
             )
-        self._next = index + 1
         self._last_output = None
+        self.current.ran = index + 1
+        return self.current
 
-    def end_layer(self, index: int, function: Callable[..., Any], state: ForwardState, output: Any) -> None:
-        self.functions[index] = (function, state)
-        # the next layer must get this very tensor (or an alias of its storage, as DeepSpeed ZeRO-3's module hooks
-        # pass on): then the regenerated input equals the forward's
-        self._last_output = _hidden(output) if index + 1 < self.num_layers else None
-
-    def regenerate(self, index: int) -> torch.Tensor:
-        """The input of layer ``index`` (not a group head), recomputed with its group's missing inputs."""
-        if index not in self.regenerated:
-            head = index - index % self.every
-            last = min(head + self.every, self._next) - 1  # the group's last layer that ran in the forward
-            if head not in self.stored:
-                raise RuntimeError(f"the stored input of decoder layer {head} is gone: one backward per forward")
-            packed, unpack = self.stored.pop(head)
-            hidden = unpack(packed)
-            with torch.no_grad():
-                for layer in range(head, last):
-                    function, state = self.functions.pop(layer)
-                    with state.restored():
-                        hidden = _hidden(function(hidden))
-                    self.regenerated[layer + 1] = hidden
-            self.functions.pop(last, None)
-        return self.regenerated.pop(index)
+    def end_layer(self, index: int, output: Any) -> None:
+        if index + 1 < self.num_layers:
+            # the next layer must get this very tensor (or an alias of its storage, as DeepSpeed ZeRO-3's module
+            # hooks pass on): then the regenerated input equals the forward's
+            self._last_output = _hidden(output)
+        else:  # the forward is over: from now on only its graph refers to it
+            self._last_output = self.current = None
 
 
 def _identity(x: Any) -> Any:
@@ -148,11 +181,13 @@ def strided_checkpoint(
     *args: Any,
     groups: LayerGroups,
     index: int,
+    module: torch.nn.Module | None = None,
     pack: Callable[[torch.Tensor], Any] = _identity,
     unpack: Callable[[Any], torch.Tensor] = _identity,
     **kwargs: Any,
 ) -> Any:
-    """Non-reentrant ``checkpoint(function, *args)`` of decoder layer ``index`` under ``groups``' layer-input policy.
+    """Non-reentrant ``checkpoint(function, *args)`` of decoder layer ``index`` (``module``) under ``groups``'
+    layer-input policy.
 
     ``args[0]`` is the layer input ``hidden_states`` (batch, seq_local, hidden). ``pack``/``unpack`` are how a
     stored input is held (identity: on the device; the offload hooks: in host memory); other saved inputs go the
@@ -161,7 +196,7 @@ def strided_checkpoint(
     if kwargs.pop("use_reentrant", False):
         raise ValueError("checkpoint_every > 1 works with non-reentrant checkpointing only")
     hidden = args[0]
-    groups.start_layer(index, hidden)
+    forward = groups.start_layer(index, hidden)
     state = ForwardState.capture(hidden.device)
     head = index % groups.every == 0
 
@@ -170,14 +205,19 @@ def strided_checkpoint(
             return pack(t)
         if head:
             packed = pack(t)
-            groups.stored[index] = (packed, unpack)
+            # detached: the forward pass must not refer back into the graph that refers to it (a cycle through
+            # autograd nodes that Python's collector cannot see)
+            forward.stored[index] = packed.detach() if isinstance(packed, torch.Tensor) else packed
             return packed
-        return Regenerate(index)
+        return Regenerate(index, forward)
 
     def unpack_hook(packed: Any) -> torch.Tensor:
-        return groups.regenerate(packed.index) if isinstance(packed, Regenerate) else unpack(packed)
+        if isinstance(packed, Regenerate):
+            return packed.forward.regenerate(packed.index, unpack)
+        return unpack(packed)
 
     with torch.autograd.graph.saved_tensors_hooks(pack_hook, unpack_hook):
         output = checkpoint(function, *args, use_reentrant=False, **kwargs)
-    groups.end_layer(index, function, state, output)
+    forward.layers[index] = (function, state, module)
+    groups.end_layer(index, output)
     return output
