@@ -104,6 +104,12 @@ def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra):
     assert row["checkpoint_every"] == (3 if extra else 1) and row["offload_layers"] <= (2 if extra else 4)  # stored
 
 
+def test_max_context_refuses_a_bad_checkpoint_every(capsys):
+    with pytest.raises(SystemExit):
+        max_context.main(["--model", "tiny-llama", "--seq", "512", "--checkpoint-every", "0"])
+    assert "--checkpoint-every must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_max_context_search_brackets_the_longest_ok(tmp_path, monkeypatch):
     """Binary search over multiples of --granularity: oom/killed shrink the bracket, anything else stops it."""
     limit, seen = 5000, []

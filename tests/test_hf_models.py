@@ -36,8 +36,8 @@ def _token_loss_sum(logits, targets):
     )
 
 
-def model_parity_worker(rank, world, algo, opts, model_type):
-    ref_model = tiny_model(model_type)
+def model_parity_worker(rank, world, algo, opts, model_type, checkpoint_every=None):
+    ref_model = tiny_model(model_type, **({"num_hidden_layers": 5} if checkpoint_every else {}))
     inputs, targets = _batch(world)
     # the last rank's shard gets no valid target at all (it must contribute 0, never NaN)
     last = ec.extract_local(algo, torch.arange(inputs.shape[1])[None], world - 1, world, **opts)[0]
@@ -50,6 +50,10 @@ def model_parity_worker(rank, world, algo, opts, model_type):
     sp_model = copy.deepcopy(ref_model)
     sp_model.zero_grad(set_to_none=True)
     ec.apply_seq_parallel_monkey_patch(algo, sp_model, **opts)
+    if checkpoint_every:  # strided checkpointing: regenerating forwards run the SP collectives inside the backward
+        from easy_context.memory import apply_checkpointing
+
+        apply_checkpointing(sp_model.train(), "full", checkpoint_every=checkpoint_every)
     local = ec.prepare_seq_parallel_inputs(algo, inputs, positions, targets, rank, world, "cpu", **opts)
     logits = sp_model(local["local_input_ids"], position_ids=local["local_position_ids"]).logits
     loss_sum = _token_loss_sum(logits, local["local_target_ids"])
@@ -73,6 +77,15 @@ def test_model_parity(dist_pool, world, algo, opts, model_type):
     if world == 2 and algo == "usp_attn":
         opts = {"ring_degree": 1}
     for rank, errs in enumerate(dist_pool(world).run(model_parity_worker, algo, opts, model_type)):
+        worst = max(errs, key=errs.get)
+        assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
+
+
+@pytest.mark.parametrize("world,algo,opts", [(3, "zigzag_ring_attn", {}), (3, "dist_flash_attn", {}),
+                                             (4, "ulysses_attn", {}), (4, "usp_attn", {"ring_degree": 2})])  # fmt: skip
+def test_model_parity_with_checkpoint_every(dist_pool, world, algo, opts):
+    """5 layers in groups of 2 (inputs of layers 1 and 3 regenerated in the backward), on 3 and 4 ranks."""
+    for rank, errs in enumerate(dist_pool(world).run(model_parity_worker, algo, opts, "llama", 2)):
         worst = max(errs, key=errs.get)
         assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
 

@@ -328,6 +328,13 @@ def test_checkpoint_every_refuses_what_it_cannot_regenerate() -> None:
     strided_checkpoint(torch.tanh, x, groups=groups, index=0)
     with pytest.raises(RuntimeError, match="layer 2 ran after layer 0"):
         strided_checkpoint(torch.tanh, x, groups=groups, index=2)
+    with pytest.raises(ValueError, match="non-reentrant checkpointing only"):
+        strided_checkpoint(torch.tanh, x, groups=groups, index=0, use_reentrant=True)
+    model = apply_checkpointing(_deep_llama(3), "full", checkpoint_every=2)
+    loss = model(input_ids=torch.randint(0, 128, (1, 8)), labels=torch.randint(0, 128, (1, 8)), use_cache=False).loss
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second backward through the same graph"):
+        loss.backward()
     with pytest.raises(ValueError, match="needs checkpointing mode 'full' or 'offload'"):
         apply_checkpointing(_model("llama"), "attn-offload", checkpoint_every=2)
     with pytest.raises(ValueError, match="cannot be combined with replay_attention"):
