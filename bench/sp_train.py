@@ -102,8 +102,7 @@ def launcher(args, train_args: list[str]) -> tuple[list[str], dict]:
     else:
         cmd += ["--multi_gpu"] if (args.nproc or 1) > 1 else []
         cmd += ["--num_machines", "1", "--dynamo_backend", "no"]
-    if torch.cuda.is_available():
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
     return cmd, env
 
 

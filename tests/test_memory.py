@@ -322,6 +322,8 @@ def test_checkpoint_every_refuses_what_it_cannot_regenerate() -> None:
 
     groups = LayerGroups(num_layers=3, every=3)
     x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="layer 1 ran after the start of a forward"):
+        strided_checkpoint(torch.tanh, x, groups=groups, index=1)
     y = strided_checkpoint(torch.tanh, x, groups=groups, index=0)
     with pytest.raises(RuntimeError, match="not the output of layer 0"):
         strided_checkpoint(torch.tanh, y * 2, groups=groups, index=1)

@@ -10,12 +10,13 @@ exit_process: 0 of 30.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.dist_pool import _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,12 +43,6 @@ if os.environ["END"] == "plain":
 else:
     exit_process(int(os.environ["CODE"]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_pair(tmp_path: Path, end: str, code: int = 0, hold: bool = True) -> list[subprocess.CompletedProcess]:
