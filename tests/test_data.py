@@ -270,6 +270,52 @@ def test_prepare_upsampling_and_num_proc(text_dir, tokenizer):
     assert parallel["input_ids"] == base["input_ids"]
 
 
+def test_digit_groups_make_number_tokens(tmp_path):
+    from easy_context.data.tokenizer import digit_groups
+
+    texts = [synthetic_text(300, s) + " In 1998 there were 40 of them." for s in range(5)]
+    tok = train_byte_level_bpe(texts, 500, str(tmp_path / "grouped"), digit_group=2)
+    assert tok.tokenize(" 1234567.") == ["\u0120", "12", "34", "56", "7", "."]
+    vocab = tok.get_vocab()
+    assert all(g in vocab for g in digit_groups(2)) and len(digit_groups(2)) == 110
+    text = "Kalo 0099 mine 31415926535 ruta."
+    reloaded = load_tokenizer(str(tmp_path / "grouped"))
+    assert reloaded.decode(reloaded(text, add_special_tokens=False)["input_ids"]) == text
+    assert reloaded.tokenize(" 31415") == ["\u0120", "31", "41", "5"]
+    with pytest.raises(ValueError, match="plus 110 digit groups"):
+        train_byte_level_bpe(texts, 300, str(tmp_path / "small"), digit_group=2)
+
+
+def test_needle_rows_are_answerable_documents(tokenizer):
+    """Mixed-in retrieval rows: the share asked for, whole documents ending at the row's end with EOS, and every
+    question's answer is the number its city's needle holds in that row."""
+    import re
+
+    from easy_context.data.needles import NeedleMix
+
+    docs = [synthetic_text(600, s) for s in range(12)]
+    plain = prepare_dataset(docs, tokenizer, 1024, show_progress=False)
+    mixed = prepare_dataset(docs, tokenizer, 1024, show_progress=False, needles=NeedleMix(0.5, 5, 3))
+    rows = mixed["input_ids"]
+    changed = [i for i, (a, b) in enumerate(zip(plain["input_ids"], rows)) if a != b]
+    assert len(rows) == len(plain) and len(changed) == round(0.5 * len(rows))
+    assert json.loads(mixed.info.description)["needle_rows"] == len(changed)
+    asked = 0
+    for i in changed:
+        assert len(rows[i]) == 1025 and rows[i][-1] == tokenizer.eos_token_id
+        text = tokenizer.decode(rows[i][:-1])
+        book = text[text.rindex("<book>") :]
+        needles = dict(re.findall(r"The special magic (\w+) number is: (\d{5})\. ", book))
+        answers = re.findall(r"Answer: The special magic (\w+) number is: (\d+)\.", book)
+        assert answers and 1 <= len(needles) <= 3 and book.endswith(answers[-1][1] + ".")
+        for city, number in answers:
+            assert needles[city] == number
+        asked += len(answers)
+    assert asked > len(changed)  # several questions per document happen
+    with pytest.raises(ValueError, match="cannot hold a needle document"):
+        prepare_dataset(docs, tokenizer, 200, show_progress=False, needles=NeedleMix(0.5, 5, 3))
+
+
 # ----------------------------------------------------------------------------- CLI and fetch.py
 
 

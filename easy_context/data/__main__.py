@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
+from .needles import NeedleMix
 from .prepare import pack_stats, prepare_dataset
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
@@ -32,14 +34,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="VOCAB_SIZE",
         help="train a byte-level BPE on the source; saved to DIR/tokenizer",
     )
+    p.add_argument(
+        "--digit-groups",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --train-tokenizer: numbers become tokens of up to N digits (3 as in Llama 3); default 0 (off)",
+    )
     p.add_argument("--long-doc-tokens", type=int, default=None, help="documents with >= T tokens count as long")
     p.add_argument("--upsample-factor", type=int, default=1, help="repeat long documents K times (default 1)")
+    p.add_argument(
+        "--needle-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="this share of the rows becomes needle-retrieval rows in eval_needle.py's format (default 0)",
+    )
+    p.add_argument("--needle-digits", type=int, default=7, help="digits of each needle's number (default 7)")
+    p.add_argument("--needles-per-doc", type=int, default=1, help="needles and questions per retrieval row (default 1)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     p.add_argument("--num-proc", type=int, default=1, help="tokenizer processes (default 1)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = p.parse_args(argv)
     if args.upsample_factor > 1 and args.long_doc_tokens is None:
         p.error("--upsample-factor needs --long-doc-tokens")
+    if args.digit_groups and args.train_tokenizer is None:
+        p.error("--digit-groups applies to --train-tokenizer (an existing tokenizer keeps its own number splits)")
+    try:
+        args.needles = NeedleMix(args.needle_fraction, args.needle_digits, args.needles_per_doc)
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -49,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.train_tokenizer is not None:
             tok_dir = os.path.join(args.output, "tokenizer")
-            tokenizer = train_byte_level_bpe(load_documents(args.dataset), args.train_tokenizer, tok_dir)
+            tokenizer = train_byte_level_bpe(
+                load_documents(args.dataset), args.train_tokenizer, tok_dir, digit_group=args.digit_groups
+            )
             print(f"trained byte-level BPE (vocab {len(tokenizer)}) -> {tok_dir}")
         else:
             tokenizer = load_tokenizer(args.tokenizer)
@@ -63,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             num_proc=args.num_proc,
             show_progress=not args.no_progress,
+            needles=args.needles,
         )
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -74,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             f"long documents (>= {args.long_doc_tokens:,} tokens): {s.long_documents:,}, x{args.upsample_factor} -> "
             f"{s.packed_documents:,} documents, {s.packed_tokens:,} tokens"
         )
+    if args.needles.fraction:
+        print(f"needle-retrieval rows: {json.loads(ds.info.description).get('needle_rows', 0):,} of {s.rows:,}")
     print(
         f"rows: {s.rows:,} x {args.seq_length + 1:,} tokens (dropped tail: {s.dropped_tokens:,} tokens) "
         f"-> {args.output}  [{time.perf_counter() - start:.1f} s]"

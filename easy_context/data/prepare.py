@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
+from .needles import NeedleMix, mix_retrieval_rows
 from .packing import PackStats, pack_to_array
 from .random_tokens import RandomTokens, random_source_rows
 from .sources import is_saved_dataset, load_documents, load_saved_dataset
@@ -18,6 +19,7 @@ from .tokenizer import load_tokenizer
 
 INPUT_IDS = "input_ids"
 _BATCH = 256
+_HAYSTACK_CHARS = 16_000_000  # text kept in memory as the needle haystack
 
 
 def prepare_dataset(
@@ -30,6 +32,7 @@ def prepare_dataset(
     seed: int | None = 0,
     num_proc: int = 1,
     show_progress: bool = True,
+    needles: NeedleMix | None = None,
 ):
     """Tokenize ``source`` and pack it into a ``datasets.Dataset`` with one column ``"input_ids"``.
 
@@ -37,6 +40,9 @@ def prepare_dataset(
     transformers tokenizer or a name/path for :func:`load_tokenizer`. Every row holds ``seq_length + 1`` token ids
     (see :func:`pack_documents` for EOS, upsampling and shuffling). Written with ``save_to_disk(output_dir)`` when
     given. The packing statistics are stored as JSON in ``dataset.info.description``.
+
+    ``needles``: that share of the rows becomes retrieval rows (:mod:`easy_context.data.needles`), their haystacks
+    cut from the source's own text (its first 16 M characters).
     """
     import datasets
     import pyarrow as pa
@@ -47,6 +53,9 @@ def prepare_dataset(
     if eos_id is None:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no eos_token; set tokenizer.eos_token first")
     documents = load_documents(source) if isinstance(source, str) else iter(source)
+    kept: list[str] = []
+    if needles is not None and needles.fraction > 0:
+        documents = _keep_text(documents, kept, _HAYSTACK_CHARS)
     token_lists = tokenize_documents(documents, tokenizer, num_proc=num_proc, show_progress=show_progress)
     rows, stats = pack_to_array(token_lists, seq_length, eos_id, long_doc_tokens, upsample_factor, seed)
     if stats.rows == 0:
@@ -54,6 +63,12 @@ def prepare_dataset(
             f"{_describe(source)} has {stats.packed_tokens} tokens, fewer than one row of seq_length + 1 = "
             f"{seq_length + 1}; use a smaller seq_length or more text"
         )
+    needle_rows = 0
+    if kept:
+        from ..eval.haystack import Haystack
+
+        haystack = Haystack.from_text("\n\n".join(kept), tokenizer)
+        rows, needle_rows = mix_retrieval_rows(rows, haystack, tokenizer, needles, seed)
     row_len = seq_length + 1
     column = pa.FixedSizeListArray.from_arrays(pa.array(rows.astype(np.int32).reshape(-1)), row_len)
     meta = {
@@ -66,6 +81,8 @@ def prepare_dataset(
         "upsample_factor": upsample_factor,
         "seed": seed,
         **dataclasses.asdict(stats),
+        "needle_rows": needle_rows,
+        **({f"needle_{k}": v for k, v in dataclasses.asdict(needles).items()} if needles else {}),
     }
     ds = datasets.Dataset(pa.table({INPUT_IDS: column}), info=datasets.DatasetInfo(description=json.dumps(meta)))
     if output_dir is not None:
@@ -128,6 +145,16 @@ def _datasets_progress(show: bool) -> Iterator[None]:
     finally:
         if was_enabled and not show:
             datasets.enable_progress_bars()
+
+
+def _keep_text(documents: Iterable[str], kept: list[str], limit: int) -> Iterator[str]:
+    """Yield ``documents`` unchanged, appending them to ``kept`` until ``limit`` characters are kept."""
+    size = 0
+    for text in documents:
+        if size < limit:
+            kept.append(text)
+            size += len(text)
+        yield text
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
