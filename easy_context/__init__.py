@@ -10,6 +10,17 @@ Functional API::
 """
 
 from . import registry
+from .compat import (
+    apply_dist_flash_attn_monkey_patch_llama,
+    apply_ulysses_attn_monkey_patch_llama,
+    apply_usp_attn_monkey_patch_llama,
+    apply_zigzag_ring_attn_monkey_patch_llama,
+    apply_zigzag_ring_attn_monkey_patch_mistral,
+    prepare_dist_flash_attn_inputs,
+    prepare_ulysses_attn_inputs,
+    prepare_usp_attn_inputs,
+    prepare_zigzag_ring_attn_inputs,
+)
 from .dataloader import prepare_dataloader
 from .groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
 from .inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
@@ -50,6 +61,15 @@ def __getattr__(name: str):
 
 __all__ = [
     "KERNEL_NAMES",
+    "apply_dist_flash_attn_monkey_patch_llama",
+    "apply_ulysses_attn_monkey_patch_llama",
+    "apply_usp_attn_monkey_patch_llama",
+    "apply_zigzag_ring_attn_monkey_patch_llama",
+    "apply_zigzag_ring_attn_monkey_patch_mistral",
+    "prepare_dist_flash_attn_inputs",
+    "prepare_ulysses_attn_inputs",
+    "prepare_usp_attn_inputs",
+    "prepare_zigzag_ring_attn_inputs",
     "apply_seq_parallel_monkey_patch",
     "apply_unsloth_offloaded_gradient_checkpoint_monkey_patch",
     "pad_seq_parallel_inputs",

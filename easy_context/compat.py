@@ -1,0 +1,92 @@
+"""EasyContext's per-backend names, as thin wrappers over the one API.
+
+EasyContext's scripts imported, e.g., ``prepare_zigzag_ring_attn_inputs(input_ids, position_ids, target_ids, rank,
+world_size, device)`` and ``apply_zigzag_ring_attn_monkey_patch_llama()``. Here each is one line over
+:func:`easy_context.prepare_seq_parallel_inputs` and :func:`easy_context.apply_seq_parallel_monkey_patch` (the
+patches switch models of that type built afterwards, as EasyContext's class patches did).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .inputs import prepare_seq_parallel_inputs
+
+Inputs = dict[str, torch.Tensor]
+_USP_RING_DEGREE: list[int | None] = []  # the ring degree of apply_usp_attn_monkey_patch_llama, once applied
+
+
+def _prepare(seq_algo: str) -> Callable[..., Inputs]:
+    def prepare(input_ids, position_ids, target_ids, rank: int, world_size: int, device) -> Inputs:
+        return prepare_seq_parallel_inputs(seq_algo, input_ids, position_ids, target_ids, rank, world_size, device)
+
+    prepare.__name__ = prepare.__qualname__ = f"prepare_{seq_algo}_inputs"
+    prepare.__doc__ = f"EasyContext: ``prepare_seq_parallel_inputs('{seq_algo}', ...)``: this rank's shard."
+    return prepare
+
+
+def _patch(seq_algo: str, model_type: str) -> Callable[[], None]:
+    def patch() -> None:
+        from .hf import apply_seq_parallel_monkey_patch
+
+        apply_seq_parallel_monkey_patch(seq_algo, model_type)
+
+    patch.__name__ = patch.__qualname__ = f"apply_{seq_algo}_monkey_patch_{model_type}"
+    patch.__doc__ = f"EasyContext: {model_type} models built from now on attend with {seq_algo}."
+    return patch
+
+
+prepare_zigzag_ring_attn_inputs = _prepare("zigzag_ring_attn")
+prepare_dist_flash_attn_inputs = _prepare("dist_flash_attn")
+prepare_ulysses_attn_inputs = _prepare("ulysses_attn")
+apply_zigzag_ring_attn_monkey_patch_llama = _patch("zigzag_ring_attn", "llama")
+apply_zigzag_ring_attn_monkey_patch_mistral = _patch("zigzag_ring_attn", "mistral")
+apply_dist_flash_attn_monkey_patch_llama = _patch("dist_flash_attn", "llama")
+apply_ulysses_attn_monkey_patch_llama = _patch("ulysses_attn", "llama")
+
+
+def prepare_usp_attn_inputs(
+    input_ids, position_ids, target_ids, rank: int, world_size: int, device, ring_degree: int, ulysses_degree: int
+) -> Inputs:
+    """EasyContext: USP shard with ``ring_degree`` x ``ulysses_degree`` == ``world_size``; the degree must match the
+    one :func:`apply_usp_attn_monkey_patch_llama` was given (else the attention would read another layout)."""
+    if ring_degree * ulysses_degree != world_size:
+        raise ValueError(
+            f"usp_attn: ring_degree {ring_degree} x ulysses_degree {ulysses_degree} must equal world_size {world_size}"
+        )
+    if _USP_RING_DEGREE:
+        from .usp_attn import default_ring_degree
+
+        patched = _USP_RING_DEGREE[-1] or default_ring_degree(world_size)
+        if patched != ring_degree:
+            raise ValueError(
+                f"usp_attn: inputs sharded with ring_degree {ring_degree}, but the model was patched for ring_degree "
+                f"{patched}; call apply_usp_attn_monkey_patch_llama(ring_degree={ring_degree})"
+            )
+    return prepare_seq_parallel_inputs(
+        "usp_attn", input_ids, position_ids, target_ids, rank, world_size, device, ring_degree=ring_degree
+    )
+
+
+def apply_usp_attn_monkey_patch_llama(ring_degree: int | None = None) -> None:
+    """EasyContext: llama models built from now on attend with usp_attn (``ring_degree`` None: the backend's
+    default for the world size; give the one :func:`prepare_usp_attn_inputs` shards with)."""
+    from .hf import apply_seq_parallel_monkey_patch
+
+    apply_seq_parallel_monkey_patch("usp_attn", "llama", ring_degree=ring_degree)
+    _USP_RING_DEGREE[:] = [ring_degree]
+
+
+__all__ = [
+    "apply_dist_flash_attn_monkey_patch_llama",
+    "apply_ulysses_attn_monkey_patch_llama",
+    "apply_usp_attn_monkey_patch_llama",
+    "apply_zigzag_ring_attn_monkey_patch_llama",
+    "apply_zigzag_ring_attn_monkey_patch_mistral",
+    "prepare_dist_flash_attn_inputs",
+    "prepare_ulysses_attn_inputs",
+    "prepare_usp_attn_inputs",
+    "prepare_zigzag_ring_attn_inputs",
+]
