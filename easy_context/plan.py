@@ -259,6 +259,8 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
+from .layout import Layout
+
 GB = 1e9
 MODES = ("zigzag_ring_attn", "dist_flash_attn", "ulysses_attn", "usp_attn", "data_parallel")
 OPTIMS = ("zero3_offload", "zero3_offload_optimizer", "zero3", "ddp", "host_adamw")
@@ -506,67 +508,29 @@ class Term:
         return self.fixed + self.per_token * s
 
 
-@dataclass
-class ModeLayout:
-    """How a mode lays the sequence out: W ranks hold s = S / shard tokens each; ring and Ulysses degrees."""
+def mode_layout(mode: str, shape: ModelShape, setup: Setup) -> Layout:
+    """The backend's own layout on the SP size; options it leaves open (usp_attn's ring_degree) are searched: its
+    default first, then every other choice, the first one the heads allow."""
+    from .registry import get_seq_algo
 
-    mode: str
-    shard: int  # S / s
-    ring: int  # ranks a K/V shard travels over (1: none)
-    ulysses: int  # all-to-all degree (1: none)
-    kv_rep: int  # K/V head replication before the all-to-all
-    multiple: int  # S must be a multiple of this
-    infeasible: str | None = None
-
-
-def _ulysses_check(heads: int, kv: int, u: int) -> tuple[int, str | None]:
-    if u == 1:
-        return 1, None
-    if heads % u:
-        return 1, f"{heads} query heads are not divisible by the Ulysses degree {u}"
-    if kv % u == 0:
-        return 1, None
-    if u % kv == 0:
-        return u // kv, None
-    return 1, f"{kv} K/V heads and the Ulysses degree {u} do not divide one another"
-
-
-def mode_layout(mode: str, shape: ModelShape, setup: Setup) -> ModeLayout:
-    from .registry import seq_multiple
-
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    algo = get_seq_algo(mode)
     w = setup.sp_size
-    if mode == "data_parallel":
-        return ModeLayout(mode, 1, 1, 1, 1, seq_multiple(mode, w))
-    if mode in ("zigzag_ring_attn", "dist_flash_attn"):
-        return ModeLayout(mode, w, w, 1, 1, seq_multiple(mode, w))
-    if mode == "ulysses_attn":
-        rep, why = _ulysses_check(shape.heads, shape.kv_heads, w)
-        return ModeLayout(mode, w, 1, w, rep, seq_multiple(mode, w), f"ulysses_attn: {why}" if why else None)
-    if mode == "usp_attn":
-        from .usp_attn import default_ring_degree
-
-        if setup.ring_degree is not None:
-            candidates = [setup.ring_degree]
-        else:  # the repo's default (2 when W is even), else the smallest ring degree the heads allow
-            first = default_ring_degree(w)
-            candidates = [first] + [r for r in range(1, w + 1) if w % r == 0 and r != first]
-        why = None
-        for r in candidates:
-            if w % r:
-                why = f"ring_degree {r} does not divide the SP size {w}"
-                continue
-            rep, why = _ulysses_check(shape.heads, shape.kv_heads, w // r)
-            if why is None:
-                return ModeLayout(mode, w, r, w // r, rep, seq_multiple(mode, w, ring_degree=r))
-        return ModeLayout(mode, w, 1, 1, 1, 1, f"usp_attn: {why}")
-    raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    if "ring_degree" not in algo.options:
+        return algo.layout(w, shape.heads, shape.kv_heads)
+    if setup.ring_degree is not None:
+        return algo.layout(w, shape.heads, shape.kv_heads, ring_degree=setup.ring_degree)
+    first = algo.layout(w, shape.heads, shape.kv_heads)
+    others = (algo.layout(w, shape.heads, shape.kv_heads, ring_degree=r) for r in range(1, w + 1) if w % r == 0)
+    return next((lay for lay in (first, *others) if lay.infeasible is None), first)
 
 
 @dataclass
 class Budget:
     """All terms of one (mode, configuration): GPU persistent + phases, host always + host phases; see :meth:`at`."""
 
-    layout: ModeLayout
+    layout: Layout
     option: MemOption
     gpu_reserve: list[Term]  # outside the caching allocator (not fragmented)
     gpu_persistent: list[Term]
@@ -665,7 +629,7 @@ def build_budget(
         if not 0 <= k <= stored:
             raise ValueError(f"offload_layers must be in 0..{stored}, got {offload_layers}")
     resident = stored - k  # layer inputs kept on the GPU: those of the LAST stored - k groups
-    ring = lay.mode in ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
+    ring = lay.seq_algo in ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
     uly = lay.ulysses > 1
 
     reserve = [Term("CUDA context + cuBLAS/cuDNN workspaces", setup.cuda_reserve)]
@@ -754,7 +718,7 @@ def build_budget(
             fwd.append(Term("ring: K/V in flight", per_token=2 * Kr))
         fwd.append(Term("ring: fp32 out + lse accumulators", per_token=Qf + LSE))
         fwd.append(Term("ring: one block's kernel out + lse", per_token=Q + LSE))
-        if lay.mode == "dist_flash_attn" and lay.ring > 1:
+        if lay.seq_algo == "dist_flash_attn" and lay.ring > 1:
             fwd.append(Term("dist_flash: borrowed q + helper's fp32 partial out, lse", per_token=Q + Qf + LSE))
     else:
         fwd.append(Term("kernel out + lse", per_token=Q + LSE))
@@ -802,7 +766,7 @@ def build_budget(
         bwd.append(Term("ring: fp32 dK/dV travelling" + (" + in flight" if lay.ring > 1 else ""),
                         per_token=4 * Kr * (2 if lay.ring > 1 else 1)))  # fmt: skip
         bwd.append(Term("one block's kernel dq, dk, dv", per_token=Q + 2 * Kr))
-        if lay.mode == "dist_flash_attn" and lay.ring > 1:
+        if lay.seq_algo == "dist_flash_attn" and lay.ring > 1:
             bwd.append(Term("dist_flash: borrowed q, dout, out, lse + fp32 partial dq", per_token=3 * Q + LSE + Qf))
     else:
         bwd.append(Term("kernel dq, dk, dv", per_token=Q + 2 * Kr))
@@ -1155,7 +1119,7 @@ def format_breakdown(shape: ModelShape, setup: Setup, budget: Budget, seq: int) 
     if budget.option.checkpointing == "offload-split":
         split = f"; {budget.offload_layers} of {budget.layers} stored layer inputs offloaded"
     lines = [
-        f"Byte budget per GPU at S = {seq:,} tokens ({lay.mode}, {budget.option.name}, {setup.optim}, "
+        f"Byte budget per GPU at S = {seq:,} tokens ({lay.seq_algo}, {budget.option.name}, {setup.optim}, "
         f"{setup.norm} RMSNorm; "
         f"{r['local_tokens']:,.0f} tokens per rank{split})",
         f"  GPU, peak phase = {r['peak_phase']!r} (GB):",
@@ -1234,8 +1198,13 @@ def main(argv: list[str] | None = None) -> int:
         help="RMSNorm autograd: eager (transformers', the default) or chunked (enable_chunked_rmsnorm); "
         "--validate: default the probe's own",
     )
-    ap.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
-                    help="keep every K-th layer input, regenerate the others (as train.py --checkpoint-every)")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        metavar="K",
+        help="keep every K-th layer input, regenerate the others (as train.py --checkpoint-every)",
+    )
     ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
     ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")
     ap.add_argument("--cuda-reserve", default="1.5GB")

@@ -19,6 +19,7 @@ import torch
 from .groups import get_sp_group
 from .kernels import KERNEL_NAMES, default_scale, get_kernel
 from .kernels.base import check_shapes
+from .layout import Layout, ring_rule
 from .padding import check_seq_divisible
 from .shape_check import check_local_shapes
 
@@ -31,7 +32,9 @@ class SeqAlgo:
 
     ``shard(value, rank, world_size, dim, **options)`` returns this rank's piece of a full sequence;
     ``multiple(world_size, **options)`` is the number the full length must divide by;
-    ``impl`` computes attention on local shards; ``distributed`` is False only for data parallel.
+    ``impl`` computes attention on local shards; ``distributed`` is False only for data parallel;
+    ``layout_rule(world_size, heads, kv_heads, **options)`` returns the :class:`~easy_context.layout.Layout` fields
+    this backend decides (ring, ulysses, kv_rep, shard, resolved options, infeasible); :meth:`layout` adds the rest.
     """
 
     name: str
@@ -40,6 +43,7 @@ class SeqAlgo:
     impl: Callable[..., torch.Tensor]
     distributed: bool = True
     options: dict[str, Any] = field(default_factory=dict)  # option name -> default
+    layout_rule: Callable[..., dict[str, Any]] = ring_rule
 
     def _options(self, kw: dict[str, Any]) -> dict[str, Any]:
         unknown = set(kw) - set(self.options)
@@ -56,6 +60,24 @@ class SeqAlgo:
 
     def seq_multiple(self, world_size: int, **kw) -> int:
         return self.multiple(world_size, **self._options(kw))
+
+    def layout(self, world_size: int, heads: int, kv_heads: int | None = None, **kw) -> Layout:
+        """How this backend spreads a sequence and ``heads`` query / ``kv_heads`` K/V heads over ``world_size``
+        ranks (see :class:`~easy_context.layout.Layout`; check ``infeasible`` or call ``require()``)."""
+        opts = self._options(kw)
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        try:
+            fields = {"shard": world_size, "options": opts, **self.layout_rule(world_size, heads, kv_heads or heads,
+                                                                                **opts)}  # fmt: skip
+            multiple = self.multiple(world_size, **fields["options"])
+        except ValueError as exc:  # an option the world size rules out (e.g. a ring_degree that does not divide it)
+            fields = {"shard": world_size, "options": opts, "infeasible": str(exc)}
+            multiple = 1
+        why = fields.get("infeasible")
+        if why and not why.startswith(f"{self.name}:"):
+            fields["infeasible"] = f"{self.name}: {why}"
+        return Layout(self.name, world_size, multiple, **fields)
 
     def attn_func(self, kernel: str = "auto", **kw) -> AttnFunc:
         if kernel not in KERNEL_NAMES:

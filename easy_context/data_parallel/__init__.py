@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..layout import local_rule
 from ..local_attn import local_attention
 from ..seq_algo import SeqAlgo
 
@@ -19,6 +20,7 @@ ALGO = SeqAlgo(
     multiple=lambda world_size: 1,
     impl=local_attention,
     distributed=False,
+    layout_rule=local_rule,
 )
 
 __all__ = ["ALGO", "identity_shard"]

@@ -94,21 +94,10 @@ def init_runtime(parallel_mode: str | None, ring_degree: int | None = None) -> E
 
 
 def check_layout(runtime: EvalRuntime, config) -> None:
-    """Raise ValueError for a head count the Ulysses part of the backend cannot split over the ranks."""
-    if runtime.seq_algo not in ("ulysses_attn", "usp_attn"):
-        return
-    world = runtime.world_size
-    if runtime.seq_algo == "usp_attn":
-        ring = runtime.options.get("ring_degree") or ec.usp_attn.default_ring_degree(world)
-        degree = world // ring
-    else:
-        degree = world
+    """Raise ValueError, naming the fix, for heads the backend cannot split over the ranks (the backend decides)."""
     heads = config.num_attention_heads
-    if heads % degree:
-        raise ValueError(
-            f"{heads} attention heads are not divisible by the Ulysses degree {degree} ({runtime.seq_algo} on "
-            f"{world} processes); use --parallel_mode zigzag_ring_attn, or usp_attn with a larger --ring_degree"
-        )
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    ec.get_seq_algo(runtime.seq_algo).layout(runtime.world_size, heads, kv_heads, **runtime.options).require()
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

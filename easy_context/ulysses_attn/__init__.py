@@ -1,5 +1,6 @@
 """Ulysses (all-to-all sequence<->heads) backend."""
 
+from ..layout import ulysses_rule
 from ..seq_algo import SeqAlgo
 from .attention import kv_replication, ulysses_attention, ulysses_wrap
 from .prepare_inputs import contiguous_multiple, contiguous_shard
@@ -9,6 +10,7 @@ ALGO = SeqAlgo(
     shard=contiguous_shard,
     multiple=contiguous_multiple,
     impl=ulysses_attention,
+    layout_rule=ulysses_rule,
 )
 
 __all__ = ["ALGO", "contiguous_multiple", "contiguous_shard", "kv_replication", "ulysses_attention", "ulysses_wrap"]

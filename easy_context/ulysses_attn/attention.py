@@ -15,25 +15,16 @@ import torch.distributed as dist
 
 from ..comm import SeqAllToAll
 from ..kernels import AttnKernel
+from ..layout import ulysses_heads
 from ..local_attn import local_attention
 
 
 def kv_replication(heads_q: int, heads_kv: int, world: int, algo: str = "ulysses_attn") -> int:
     """How many times to replicate each K/V head before the all-to-all (1 = none); clear errors otherwise."""
-    if heads_q % world != 0:
-        raise ValueError(
-            f"{algo}: {heads_q} query heads are not divisible by the Ulysses degree {world}; use "
-            f"'usp_attn' with a ring_degree such that heads divide by world_size // ring_degree, or "
-            f"'zigzag_ring_attn' (no head constraint)"
-        )
-    if heads_kv % world == 0:
-        return 1
-    if world % heads_kv == 0:
-        return world // heads_kv
-    raise ValueError(
-        f"{algo}: {heads_kv} key/value heads cannot be split over the Ulysses degree {world} (neither divides "
-        "the other); use 'usp_attn' with a larger ring_degree or 'zigzag_ring_attn'"
-    )
+    rep, why = ulysses_heads(heads_q, heads_kv, world)
+    if why:
+        raise ValueError(f"{algo}: {why}")
+    return rep
 
 
 def ulysses_wrap(q, k, v, group: dist.ProcessGroup, inner: Callable[..., torch.Tensor], algo: str = "ulysses_attn"):

@@ -2,7 +2,7 @@
 
 from ..seq_algo import SeqAlgo
 from .attention import usp_attention
-from .prepare_inputs import default_ring_degree, usp_multiple, usp_shard
+from .prepare_inputs import default_ring_degree, usp_multiple, usp_rule, usp_shard
 
 ALGO = SeqAlgo(
     name="usp_attn",
@@ -10,6 +10,7 @@ ALGO = SeqAlgo(
     multiple=usp_multiple,
     impl=usp_attention,
     options={"ring_degree": None},
+    layout_rule=usp_rule,
 )
 
 __all__ = ["ALGO", "default_ring_degree", "usp_attention", "usp_multiple", "usp_shard"]

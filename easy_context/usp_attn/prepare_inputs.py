@@ -12,6 +12,7 @@ import math
 import torch
 
 from ..groups import check_ring_degree, usp_layout
+from ..layout import ulysses_heads
 from ..ulysses_attn.prepare_inputs import contiguous_shard
 from ..zigzag_ring_attn.prepare_inputs import zigzag_shard
 
@@ -19,6 +20,15 @@ from ..zigzag_ring_attn.prepare_inputs import zigzag_shard
 def default_ring_degree(world_size: int) -> int:
     """2 when the SP size is even (Ulysses over the rest), else a pure ring."""
     return 2 if world_size % 2 == 0 else world_size
+
+
+def usp_rule(world_size: int, heads: int, kv_heads: int, ring_degree: int | None = None) -> dict:
+    """USP's layout: a zigzag ring of ``ring_degree`` (default :func:`default_ring_degree`) x Ulysses over the rest."""
+    ring = default_ring_degree(world_size) if ring_degree is None else ring_degree
+    check_ring_degree(world_size, ring)
+    rep, why = ulysses_heads(heads, kv_heads, world_size // ring)
+    return {"ring": ring, "ulysses": world_size // ring, "kv_rep": rep, "options": {"ring_degree": ring},
+            "infeasible": why}  # fmt: skip
 
 
 def usp_multiple(world_size: int, ring_degree: int | None = None) -> int:
