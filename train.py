@@ -41,7 +41,21 @@ from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model
 from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.process_exit import exit_process
-from easy_context.train_state import EpochShuffleSampler, load_training_state, save_hf_checkpoint, save_training_state
+from easy_context.train_state import (
+    EpochShuffleSampler,
+    load_training_state,
+    read_training_position,
+    save_hf_checkpoint,
+    save_training_state,
+)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", required=True)
     p.add_argument("--seq-length", type=int, default=16384)
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--gradient-accumulate-every", type=int, default=8)
+    p.add_argument("--gradient-accumulate-every", type=positive_int, default=8)
     p.add_argument("--max-train-steps", type=int, default=400)
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--warmup-steps", type=int, default=20)
@@ -74,6 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="host_adamw: fp32 master weights + Adam moments in host memory, without DeepSpeed",
     )
     p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--nonfinite", default="stop", choices=["stop", "skip"],
+                   help="a step whose loss or gradient norm (checked with --grad-clip or DeepSpeed) is inf/NaN: stop "
+                        "(exit with an error, before that update and any checkpoint from it) or skip (drop its "
+                        "update; the data and the LR schedule still advance; metrics count skipped_steps)")  # fmt: skip
+    p.add_argument("--max-skips-in-a-row", type=positive_int, default=10, metavar="N",
+                   help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
     p.add_argument("--rope-theta", type=float, default=None)
     p.add_argument("--parallel_mode", "--parallel-mode", default="zigzag_ring_attn", help=", ".join(ec.SEQ_ALGOS))
     p.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
@@ -105,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
-    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--log-every", type=positive_int, default=1)
     p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
     p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"])
     p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
@@ -135,19 +155,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_layout(args, sp_size: int, config) -> None:
-    """Fail fast, with one line, on a layout the backend cannot run."""
-    opts = {"ring_degree": args.ring_degree} if args.parallel_mode == "usp_attn" else {}
-    multiple = ec.seq_multiple(args.parallel_mode, sp_size, **opts)
-    if args.seq_length % multiple:
-        sys.exit(f"error: --seq-length {args.seq_length} must be a multiple of {multiple} for {args.parallel_mode} "
-                 f"on {sp_size} ranks")  # fmt: skip
-    if args.parallel_mode in ("ulysses_attn", "usp_attn"):
-        degree = sp_size // (args.ring_degree or ec.usp_attn.default_ring_degree(sp_size)) if opts else sp_size
-        heads = config.num_attention_heads
-        if heads % degree:
-            sys.exit(f"error: {heads} attention heads are not divisible by the Ulysses degree {degree}; use "
-                     f"--parallel_mode usp_attn with a larger --ring_degree, or zigzag_ring_attn")  # fmt: skip
+def backend_options(args) -> dict:
+    """The options the chosen backend takes (``SeqAlgo.options``), from the flags of the same names."""
+    taken = ec.get_seq_algo(args.parallel_mode).options
+    if args.ring_degree is not None and "ring_degree" not in taken:
+        sys.exit(f"error: --ring_degree does not apply to {args.parallel_mode} (it is usp_attn's ring size)")
+    return {name: getattr(args, name) for name in taken}
+
+
+def check_layout(args, sp_size: int, config, opts: dict) -> None:
+    """Fail fast, with one line, on a layout the backend cannot run (the backend's own layout rule decides)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    try:
+        layout = ec.get_seq_algo(args.parallel_mode).layout(sp_size, heads, kv_heads, **opts).require()
+        layout.check_length(args.seq_length, "--seq-length")
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+
+
+def to_host(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> tuple[float, float | None]:
+    """The step's loss and gradient norm as Python floats, in one device-to-host sync."""
+    if grad_norm is None:
+        return loss.item(), None
+    loss, grad_norm = torch.stack([loss, torch.as_tensor(grad_norm, dtype=loss.dtype, device=loss.device)]).tolist()
+    return loss, grad_norm
+
+
+def nonfinite_problem(step: int, loss: float, grad_norm: float | None) -> str | None:
+    """Why step ``step`` must not update the weights (its loss or gradient norm is inf/NaN), or None."""
+    bad = [f"{name} {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
+           if value is not None and not math.isfinite(value)]  # fmt: skip
+    return f"step {step}: non-finite {' and '.join(bad)}" if bad else None
 
 
 def main(argv=None) -> None:
@@ -170,12 +209,26 @@ def main(argv=None) -> None:
     error = deepspeed_precision_error(accelerator, getattr(torch, args.dtype))  # ZeRO-3 builds in that precision
     if error:
         sys.exit(f"error: --dtype {args.dtype}: {error}")
+    position = {"step": 0, "micro_batches": 0, "skipped_steps": 0}
+    if args.resume_from:
+        try:
+            position = read_training_position(args.resume_from)
+        except FileNotFoundError as exc:
+            sys.exit(f"error: {exc}")
+    start_step, consumed, skipped = position["step"], position["micro_batches"], position["skipped_steps"]
+    last_step = args.max_train_steps if args.stop_at_step is None else min(args.max_train_steps, args.stop_at_step)
+    if start_step >= last_step:  # e.g. a re-queued job resuming a finished run: done before building anything
+        if accelerator.is_main_process:
+            until = f", --stop-at-step {args.stop_at_step}" if last_step < args.max_train_steps else ""
+            print(f"nothing to train: {'resumed at' if args.resume_from else 'at'} step {start_step} of "
+                  f"{args.max_train_steps}{until}")  # fmt: skip
+        return
     set_seed(args.seed)
     if not torch.distributed.is_initialized():  # one process: a process group of one, so SP code runs unchanged
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     sp_group, _ = ec.init_sp_groups(args.sp_size)
     sp_rank, sp_size = torch.distributed.get_rank(sp_group), torch.distributed.get_world_size(sp_group)
-    opts = {"ring_degree": args.ring_degree} if args.parallel_mode == "usp_attn" else {}
+    opts = backend_options(args)
 
     # model, tokenizer, data
     tokenizer = None  # random tokens need none
@@ -188,7 +241,7 @@ def main(argv=None) -> None:
     model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
                        max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
-    check_layout(args, sp_size, model.config)
+    check_layout(args, sp_size, model.config, opts)
     kernel = args.kernel
     if args.parallel_mode == "data_parallel" and kernel == "auto" and args.checkpointing.startswith("attn"):
         head_dim = (
@@ -237,15 +290,13 @@ def main(argv=None) -> None:
     if args.tracker != "none":
         accelerator.init_trackers(args.wandb or "easy_context", config=vars(args))
 
-    start_step, consumed = 0, 0
     if args.resume_from:
-        state = load_training_state(accelerator, args.resume_from)
-        start_step, consumed = state["step"], state["micro_batches"]
+        load_training_state(accelerator, args.resume_from)
     tokens_per_step = args.batch_size * args.seq_length * args.gradient_accumulate_every * (
         accelerator.num_processes // sp_size if ec.get_seq_algo(args.parallel_mode).distributed
         else accelerator.num_processes)  # fmt: skip
     metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, tokens_per_step,
-                            resume=bool(args.resume_from))  # fmt: skip
+                            start_step=start_step)  # fmt: skip
 
     def micro_batches():
         """Endless, deterministic stream of batches; skips what a resumed run already consumed."""
@@ -254,7 +305,8 @@ def main(argv=None) -> None:
             yield from loader
 
     stream = itertools.islice(micro_batches(), consumed, None)
-    last_step = min(args.max_train_steps, args.stop_at_step or args.max_train_steps)
+    check_grad_norm = accelerator.mixed_precision != "fp16"  # fp16 loss scaling: inf gradients are the scaler's
+    skips_in_a_row = 0
     bar = tqdm(range(start_step, last_step), disable=not accelerator.is_local_main_process,
                initial=start_step, total=args.max_train_steps)  # fmt: skip
     for step in bar:
@@ -275,22 +327,38 @@ def main(argv=None) -> None:
                 # accelerate/DeepSpeed average grads over ranks and divide by the accumulation steps: undo both
                 loss = global_mean_loss(loss_sum * len(shards), n_total, grad_average_world=accelerator.num_processes,
                                         already_reduced=True)  # fmt: skip
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.grad_clip and ds is None:
-                    accelerator.clip_grad_norm_(train_model.parameters(), args.grad_clip)
-                optimizer.step()
-                if accelerator.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad()
+                accelerator.backward(loss)  # under DeepSpeed the step's last backward also runs its optimizer step
             sums.append(loss_sum.detach())
-        logged = global_mean_for_logging(torch.stack(sums).sum(), n_local).item()
+        # one decision per step, before the update and the same on every rank: the loss is reduced over ranks here,
+        # the gradients already are (identical on each). DeepSpeed stepped in the last backward; ZeRO-3 skips an
+        # update from non-finite gradients itself, and its norm tells
+        grad_norm = None
+        if args.grad_clip or ds is not None:  # DeepSpeed clips inside its step: this returns its norm
+            grad_norm = accelerator.clip_grad_norm_(train_model.parameters(), args.grad_clip)
+        logged, grad_norm = to_host(global_mean_for_logging(torch.stack(sums).sum(), n_local), grad_norm)
+        problem = nonfinite_problem(step + 1, logged, grad_norm if check_grad_norm else None)
+        if problem is None:
+            skips_in_a_row = 0
+            optimizer.step()  # a no-op under DeepSpeed
+        else:
+            skipped, skips_in_a_row = skipped + 1, skips_in_a_row + 1
+            if ds is not None and train_model.was_step_applied():
+                sys.exit(f"error: {problem}; DeepSpeed applied that update (its ZeRO stage does not skip non-finite "
+                         "gradients): stopped before any checkpoint from it")  # fmt: skip
+            if args.nonfinite == "stop":
+                sys.exit(f"error: {problem}; stopped before updating the weights (--nonfinite stop)")
+            if skips_in_a_row > args.max_skips_in_a_row:
+                sys.exit(f"error: {problem}; {skips_in_a_row} steps in a row skipped "
+                         f"(--max-skips-in-a-row {args.max_skips_in_a_row})")  # fmt: skip
+        scheduler.step()
+        optimizer.zero_grad()
         if (step + 1) % args.log_every == 0 or step + 1 == last_step:
-            row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0])
+            row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0], skipped)
             bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
-            save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed)
+            save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped)
     if not args.no_save:
         save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
     accelerator.end_training()

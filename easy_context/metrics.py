@@ -24,11 +24,15 @@ class MetricsLogger:
     """Writes one JSON object per optimizer step to ``<output_dir>/metrics.jsonl`` (main process only).
 
     Fields: step, loss, lr, tokens (cumulative, all ranks), tokens_per_s, peak_mem_bytes (GPU allocated; host RSS
-    on CPU), peak_host_bytes (this process's peak RSS), and mfu on GPUs
+    on CPU), peak_host_bytes (this process's peak RSS), skipped_steps (cumulative count of steps whose update
+    ``--nonfinite skip`` dropped), and mfu on GPUs
     (6N + causal attention FLOPs per token, recompute not counted, against the datasheet bf16 peak).
+
+    A run starting at ``start_step`` (0, or the step it resumed at) keeps only the rows up to that step: a run
+    killed after its last saved state logged steps that its resumption logs again.
     """
 
-    def __init__(self, accelerator, output_dir: str, config, seq_length: int, tokens_per_step: int, resume: bool):
+    def __init__(self, accelerator, output_dir: str, config, seq_length: int, tokens_per_step: int, start_step: int):
         self.accelerator = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
         self.flops_per_token = train_flops_per_token(config, seq_length)
@@ -40,10 +44,25 @@ class MetricsLogger:
         self.last = time.perf_counter()
         if accelerator.is_main_process:
             os.makedirs(output_dir, exist_ok=True)
-            if not resume and self.path.exists():
-                self.path.unlink()
+            self._truncate(start_step)
 
-    def log(self, step: int, loss: float, lr: float) -> dict:
+    def _truncate(self, start_step: int) -> None:
+        """Drop the rows after ``start_step`` and any torn line (atomically: a kill now loses nothing)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except ValueError:  # a line a kill left half-written
+                continue
+            if step <= start_step:
+                kept.append(line + "\n")
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
+
+    def log(self, step: int, loss: float, lr: float, skipped_steps: int) -> dict:
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
         self.tokens = step * self.tokens_per_step
@@ -55,6 +74,7 @@ class MetricsLogger:
             "tokens_per_s": self.tokens_per_step / max(elapsed, 1e-9),
             "peak_mem_bytes": peak_memory_bytes(self.accelerator.device),
             "peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,  # this process
+            "skipped_steps": skipped_steps,
         }
         if self.peak_total:
             row["mfu"] = row["tokens_per_s"] * self.flops_per_token / self.peak_total

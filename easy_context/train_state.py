@@ -27,23 +27,29 @@ class EpochShuffleSampler(Sampler[int]):
         return iter(torch.randperm(self.n, generator=g).tolist())
 
 
-def save_training_state(accelerator, directory: str | Path, step: int, micro_batches: int) -> None:
-    """Model, optimizer, scheduler and RNG states (accelerate) plus the data position."""
+def save_training_state(accelerator, directory: str | Path, step: int, micro_batches: int, skipped_steps: int) -> None:
+    """Model, optimizer, scheduler and RNG states (accelerate) plus the data position and the count of steps
+    whose update ``--nonfinite skip`` dropped."""
     accelerator.save_state(str(directory))
     if accelerator.is_main_process:
         (Path(directory) / "easy_context_state.json").write_text(
-            json.dumps({"step": step, "micro_batches": micro_batches})
+            json.dumps({"step": step, "micro_batches": micro_batches, "skipped_steps": skipped_steps})
         )
     accelerator.wait_for_everyone()
 
 
-def load_training_state(accelerator, directory: str | Path) -> dict:
-    """Restore what :func:`save_training_state` wrote; returns {"step", "micro_batches"}."""
+def read_training_position(directory: str | Path) -> dict:
+    """{"step", "micro_batches", "skipped_steps"} of a state dir, without loading its state (cheap: a run can
+    tell it has nothing to do before it builds a model)."""
     path = Path(directory) / "easy_context_state.json"
     if not path.exists():
         raise FileNotFoundError(f"--resume-from {directory}: no easy_context_state.json (not a training state dir)")
+    return {"skipped_steps": 0, **json.loads(path.read_text())}  # states written before skips were counted
+
+
+def load_training_state(accelerator, directory: str | Path) -> None:
+    """Restore the states :func:`save_training_state` wrote (its data position: :func:`read_training_position`)."""
     accelerator.load_state(str(directory))
-    return json.loads(path.read_text())
 
 
 def save_hf_checkpoint(accelerator, train_model, tokenizer, output_dir: str | Path) -> None:

@@ -75,6 +75,17 @@ def test_a_fifth_backend_needs_only_its_registration():
         check_layout(runtime, SimpleNamespace(num_attention_heads=8, num_key_value_heads=8))
         with pytest.raises(ValueError, match="toy_attn: 7 heads are odd"):
             check_layout(runtime, SimpleNamespace(num_attention_heads=7, num_key_value_heads=7))
+        import train  # train.py's checks ask the backend too
+
+        args = SimpleNamespace(parallel_mode="toy_attn", seq_length=12, ring_degree=None)
+        opts = train.backend_options(args)
+        train.check_layout(args, 4, SimpleNamespace(num_attention_heads=8, num_key_value_heads=2), opts)
+        with pytest.raises(SystemExit, match="toy_attn: 7 heads are odd"):
+            train.check_layout(args, 4, SimpleNamespace(num_attention_heads=7), opts)
+        with pytest.raises(SystemExit, match=r"--seq-length 12 must be a multiple of 8 for toy_attn on 8 ranks"):
+            train.check_layout(args, 8, SimpleNamespace(num_attention_heads=8), opts)
+        with pytest.raises(SystemExit, match="--ring_degree does not apply to toy_attn"):
+            train.backend_options(SimpleNamespace(parallel_mode="toy_attn", ring_degree=2))
     finally:
         registry._ALGOS.pop("toy_attn")
         registry.SEQ_ALGOS = tuple(registry._ALGOS)
