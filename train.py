@@ -157,10 +157,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def backend_options(args) -> dict:
     """The options the chosen backend takes (``SeqAlgo.options``), from the flags of the same names."""
-    taken = ec.get_seq_algo(args.parallel_mode).options
-    if args.ring_degree is not None and "ring_degree" not in taken:
-        sys.exit(f"error: --ring_degree does not apply to {args.parallel_mode} (it is usp_attn's ring size)")
-    return {name: getattr(args, name) for name in taken}
+    try:
+        return ec.get_seq_algo(args.parallel_mode).options_from({"ring_degree": args.ring_degree})
+    except ValueError as exc:
+        sys.exit(f"error: --{exc}")
 
 
 def check_layout(args, sp_size: int, config, opts: dict) -> None:

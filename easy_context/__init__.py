@@ -9,8 +9,8 @@ Functional API::
     out = attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)
 """
 
-from . import registry
-from .compat import (
+from . import compat, registry
+from .compat import (  # noqa: F401 (exported through compat.__all__)
     apply_dist_flash_attn_monkey_patch_llama,
     apply_ulysses_attn_monkey_patch_llama,
     apply_usp_attn_monkey_patch_llama,
@@ -61,15 +61,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "KERNEL_NAMES",
-    "apply_dist_flash_attn_monkey_patch_llama",
-    "apply_ulysses_attn_monkey_patch_llama",
-    "apply_usp_attn_monkey_patch_llama",
-    "apply_zigzag_ring_attn_monkey_patch_llama",
-    "apply_zigzag_ring_attn_monkey_patch_mistral",
-    "prepare_dist_flash_attn_inputs",
-    "prepare_ulysses_attn_inputs",
-    "prepare_usp_attn_inputs",
-    "prepare_zigzag_ring_attn_inputs",
+    *compat.__all__,  # EasyContext's per-backend names
     "apply_seq_parallel_monkey_patch",
     "apply_unsloth_offloaded_gradient_checkpoint_monkey_patch",
     "pad_seq_parallel_inputs",

@@ -58,6 +58,15 @@ class SeqAlgo:
         check_seq_divisible(self.name, value.shape[dim], self.multiple(world_size, **opts), world_size)
         return self.shard(value, rank, world_size, dim, **opts).contiguous()
 
+    def options_from(self, flags: dict[str, Any]) -> dict[str, Any]:
+        """This backend's options taken from ``flags`` (e.g. the CLI's ``{"ring_degree": ...}``); a flag that is set
+        (not None) but that this backend does not take raises ``ValueError`` (it would be silently ignored)."""
+        ignored = sorted(k for k, v in flags.items() if v is not None and k not in self.options)
+        if ignored:
+            taken = sorted(self.options)
+            raise ValueError(f"{', '.join(ignored)} does not apply to {self.name} (its options: {taken})")
+        return {name: flags.get(name, default) for name, default in self.options.items()}
+
     def seq_multiple(self, world_size: int, **kw) -> int:
         return self.multiple(world_size, **self._options(kw))
 

@@ -48,6 +48,14 @@ def test_infeasible_layouts_name_the_fix(seq_algo, world, heads, kv, opts, messa
         layout.require()
 
 
+def test_options_from_flags():
+    assert ec.get_seq_algo("usp_attn").options_from({"ring_degree": 2}) == {"ring_degree": 2}
+    assert ec.get_seq_algo("usp_attn").options_from({"ring_degree": None}) == {"ring_degree": None}
+    assert ec.get_seq_algo("zigzag_ring_attn").options_from({"ring_degree": None}) == {}
+    with pytest.raises(ValueError, match=r"ring_degree does not apply to zigzag_ring_attn \(its options: \[\]\)"):
+        ec.get_seq_algo("zigzag_ring_attn").options_from({"ring_degree": 2})
+
+
 def test_length_check_names_the_padding():
     layout = ec.get_seq_algo("usp_attn").layout(4, 8, 8)
     layout.check_length(16)

@@ -89,7 +89,7 @@ def init_runtime(parallel_mode: str | None, ring_degree: int | None = None) -> E
     if seq_algo not in ec.SEQ_ALGOS:
         raise ValueError(f"unknown --parallel_mode {seq_algo!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
     ec.init_sp_groups(None)
-    options = {"ring_degree": ring_degree} if seq_algo == "usp_attn" else {}
+    options = ec.get_seq_algo(seq_algo).options_from({"ring_degree": ring_degree})
     return EvalRuntime(rank, world, accelerator.device, seq_algo, options, accelerator)
 
 
