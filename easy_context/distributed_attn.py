@@ -1,4 +1,4 @@
-"""The autograd function shared by the communicating backends (zigzag ring, DistFlashAttn).
+"""The autograd function of every backend: the communicating ones (zigzag ring, DistFlashAttn) and local kernels.
 
 A backend supplies two functions over local shards:
     forward_fn(q, k, v, kernel, scale, causal, group) -> (out (b, s, h, d), lse (b, h, s) fp32)
