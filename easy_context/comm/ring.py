@@ -11,21 +11,24 @@ fresh one (double buffering), so the kernel can keep reading the current buffer 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 
 class PendingExchange:
-    """An in-flight send/recv pair; ``wait()`` returns the received buffer."""
+    """Point-to-point messages in flight (``batch_isend_irecv`` requests); ``wait()`` returns ``received`` (the
+    receive buffer, or any structure of them) once all arrived. ``sent`` keeps the send buffers alive until then."""
 
-    def __init__(self, reqs: list, received: torch.Tensor):
-        self._reqs = reqs
-        self._received = received
+    def __init__(self, reqs: list, received: Any, sent: Sequence[torch.Tensor] = ()):
+        self._reqs, self._received, self._sent = reqs, received, list(sent)
 
-    def wait(self) -> torch.Tensor:
+    def wait(self) -> Any:
         for req in self._reqs:
             req.wait()
-        self._reqs = []
+        self._reqs, self._sent = [], []
         return self._received
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from ..comm import PendingExchange
 from ..distributed_attn import distributed_attention
 from ..kernels import AttnKernel
 from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_blocks, task_rows
@@ -153,20 +154,7 @@ class BackwardRank:
         return self.dq.to(self.q.dtype), self.dkv[0].to(self.k.dtype), self.dkv[1].to(self.v.dtype)
 
 
-class _Flight:
-    """One round of point-to-point messages in flight; ``wait()`` returns what this rank received."""
-
-    def __init__(self, reqs: list, received: dict[Message, Tensors], sent: list[torch.Tensor]):
-        self._reqs, self._received, self._sent = reqs, received, sent
-
-    def wait(self) -> dict[Message, Tensors]:
-        for req in self._reqs:
-            req.wait()
-        self._reqs, self._sent = [], []
-        return self._received
-
-
-def _start_round(msgs, prog, rank: int, peers: list[int], group) -> _Flight:
+def _start_round(msgs, prog, rank: int, peers: list[int], group) -> PendingExchange:
     """Post this rank's sends and receives of ``msgs`` (the same order on every rank) in one batch."""
     ops, received, sent = [], {}, []
     for msg in msgs:
@@ -177,7 +165,7 @@ def _start_round(msgs, prog, rank: int, peers: list[int], group) -> _Flight:
         elif msg.dst == rank:
             received[msg] = prog.buffers(msg)
             ops.extend(dist.P2POp(dist.irecv, buf, peers[msg.src], group) for buf in received[msg])
-    return _Flight(dist.batch_isend_irecv(ops) if ops else [], received, sent)
+    return PendingExchange(dist.batch_isend_irecv(ops) if ops else [], received, sent)
 
 
 def _group_info(group) -> tuple[int, int, list[int], dist.ProcessGroup]:
