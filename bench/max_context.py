@@ -105,7 +105,6 @@ def run_probe(args, seq: int) -> dict:
 
     import easy_context as ec
     from easy_context.host_adamw import HostAdamW
-    from easy_context.kernels import get_kernel
     from easy_context.loss import CausalLMWithLoss
     from easy_context.memory import enable_chunked_rmsnorm, enable_offloaded_checkpointing, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
@@ -120,10 +119,7 @@ def run_probe(args, seq: int) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     stored = -(-cfg.num_hidden_layers // args.checkpoint_every)
     k = offloadable_layers(args, seq, n_params, cfg.hidden_size, stored)
-    kernel = get_kernel(
-        args.kernel, device, dtype, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    ).name
-    ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=kernel)  # our kernel interface, named
+    ec.apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel=args.kernel)  # our interface
     enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False,
                                    checkpoint_every=args.checkpoint_every)  # fmt: skip
     enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)

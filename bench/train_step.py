@@ -71,7 +71,6 @@ def build(args, seq: int):
     import torch
 
     import easy_context as ec
-    from easy_context.kernels import get_kernel
     from easy_context.loss import CausalLMWithLoss
     from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
@@ -86,9 +85,7 @@ def build(args, seq: int):
         model.set_attn_implementation("sdpa")
         apply_checkpointing(model, "full")
         return model, None, device
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-    kernel = get_kernel(args.kernel, device, dtype, head_dim).name  # named: data_parallel then uses our interface
-    ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel=kernel)
+    ec.apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel=args.kernel)  # our interface
     apply_checkpointing(model, args.checkpointing)
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)

@@ -29,14 +29,14 @@ from .padding import pad_to_multiple
 from .registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
 
 
-def apply_seq_parallel_monkey_patch(seq_algo, model, **options):
+def apply_seq_parallel_monkey_patch(seq_algo, model, always=False, **options):
     """Switch a transformers model (or, given a model-type string, models of that type) to ``seq_algo`` attention.
 
     See :func:`easy_context.hf.apply_seq_parallel_monkey_patch` (imported lazily: transformers is optional).
     """
     from .hf import apply_seq_parallel_monkey_patch as patch
 
-    return patch(seq_algo, model, **options)
+    return patch(seq_algo, model, always=always, **options)
 
 
 def apply_unsloth_offloaded_gradient_checkpoint_monkey_patch():

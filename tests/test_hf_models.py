@@ -216,3 +216,16 @@ def test_logit_scaling_models_are_rejected():
                         num_key_value_heads=2, vocab_size=128, logits_scaling=4.0)  # fmt: skip
     with pytest.raises(NotImplementedError, match="logits_scaling"):
         CausalLMWithLoss(AutoModelForCausalLM.from_config(cfg))
+
+
+def test_data_parallel_patch_is_an_explicit_choice():
+    """data_parallel with kernel auto keeps the model's own attention unless ``always`` asks for ours (what
+    checkpoint-after-attention needs); the outputs are the same either way."""
+    ids = torch.randint(0, 128, (1, 16))
+    plain = tiny_model("llama")
+    reference = plain(ids).logits
+    assert ec.apply_seq_parallel_monkey_patch("data_parallel", plain) is plain
+    assert plain.config._attn_implementation == "eager"
+    ours = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model("llama"), always=True)
+    assert ours.config._attn_implementation.startswith("easy_context_data_parallel")
+    torch.testing.assert_close(ours(ids, position_ids=torch.arange(16)[None]).logits, reference)

@@ -97,17 +97,19 @@ def _patch_post_init() -> None:
     _POST_INIT_PATCHED = True
 
 
-def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str, **options: Any):
+def apply_seq_parallel_monkey_patch(
+    seq_algo: str, model: PreTrainedModel | str, always: bool = False, **options: Any
+):
     """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
 
     ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
-    leaves the model's own attention untouched unless a named ``kernel`` (not ``"auto"``) is given; then the model
-    attends through that local kernel (needed for checkpoint-after-attention). Returns the model (None for a
-    model-type string).
+    leaves the model's own attention untouched unless a named ``kernel`` (not ``"auto"``) is given or ``always``;
+    then the model attends through easy_context's local-kernel interface (checkpoint-after-attention needs it).
+    Returns the model (None for a model-type string).
     """
     algo = get_seq_algo(seq_algo)
     algo.attn_func(**options)  # validates the options now, not at the first forward
-    patches = algo.distributed or options.get("kernel", "auto") != "auto"
+    patches = algo.distributed or always or options.get("kernel", "auto") != "auto"
     if isinstance(model, str):
         if patches:
             _TYPE_PATCHES[model] = (seq_algo, dict(options))
