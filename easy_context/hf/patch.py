@@ -97,9 +97,7 @@ def _patch_post_init() -> None:
     _POST_INIT_PATCHED = True
 
 
-def apply_seq_parallel_monkey_patch(
-    seq_algo: str, model: PreTrainedModel | str, always: bool = False, **options: Any
-):
+def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str, always: bool = False, **options: Any):
     """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
 
     ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
