@@ -21,6 +21,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from easy_context import cli
 from easy_context.data import load_tokenizer
 from easy_context.eval.haystack import Haystack, read_haystack_text
 from easy_context.eval.needle import context_lengths, depth_percents, make_case
@@ -34,7 +35,7 @@ from easy_context.process_exit import exit_process
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__)
     p.add_argument(
         "--model", required=True, help=f"hub id, local checkpoint, or a random-init preset: {', '.join(PRESETS)}"
     )
@@ -45,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--depth_interval", type=float, default=0.1, help="depth step as a fraction (0.1 = 0%%, 10%%, ..., 100%%)"
     )
     p.add_argument("--num_samples", type=int, default=5, help="needles (city, number) per (length, depth) cell")
-    p.add_argument("--rnd_number_digits", type=int, default=7)
+    p.add_argument("--rnd_number_digits", type=int, default=7, help="digits of each needle's number")
     p.add_argument("--num_distractor", type=int, default=0, help="needles of other cities at random depths")
     p.add_argument("--haystack_dir", default="PaulGrahamEssays", help="folder of .txt files")
     p.add_argument("--generate", action="store_true", help="also score greedy generation of the answer")

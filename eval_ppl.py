@@ -20,6 +20,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from easy_context import cli
 from easy_context.data import load_documents, load_tokenizer
 from easy_context.eval.haystack import FETCH_HINT
 from easy_context.eval.perplexity import perplexity_at, ppl_lengths, select_documents, tokenize_documents
@@ -34,7 +35,7 @@ DEFAULT_DATASET = "PaulGrahamEssays"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__)
     p.add_argument(
         "-m",
         "--model",
@@ -55,8 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="join the documents and cut them into --max-tokens samples (default: only for the essays)",
     )
-    p.add_argument("--min-tokens", type=int, default=256)
-    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--min-tokens", type=int, default=256, help="shortest evaluated length L")
+    p.add_argument(
+        "--max-tokens", type=int, default=8192, help="longest evaluated length L (doubling from --min-tokens)"
+    )
     p.add_argument("--tokens-step", type=int, default=None, help="linear steps instead of doubling")
     p.add_argument("--samples", type=int, default=None, help="use the first N samples (documents)")
     p.add_argument("--dataset-min-tokens", type=int, default=None, help="keep documents with at least N tokens")

@@ -8,12 +8,12 @@ The kind is read from the columns (a needle CSV has ``depth``); --kind forces it
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys
 from collections import defaultdict
 
+from easy_context import cli
 from easy_context.eval.plots import needle_heatmap, ppl_plot
 from easy_context.eval.results import read_csv
 
@@ -53,15 +53,19 @@ def ppl_series(paths: list[str], labels: list[str] | None) -> dict[str, list[tup
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    p = cli.ArgumentParser(description=__doc__)
     p.add_argument("csv", nargs="+", help="eval_ppl.py CSV(s), or one eval_needle.py results.csv")
     p.add_argument("--output", "-o", default=None, help="PNG path (default: next to the first CSV)")
-    p.add_argument("--kind", choices=["auto", "ppl", "needle"], default="auto")
+    p.add_argument("--kind", choices=["auto", "ppl", "needle"], default="auto", help="auto: from the CSV columns")
     p.add_argument("--labels", nargs="+", default=None, help="legend names, one per plotted line")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="plot title")
     p.add_argument("--log-y", action="store_true", help="log-scale perplexity axis")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     try:
         kinds = {csv_kind(path) if args.kind == "auto" else args.kind for path in args.csv}
         if len(kinds) > 1:

@@ -26,9 +26,10 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 import easy_context as ec
+from easy_context import cli
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
 from easy_context.deepspeed_precision import deepspeed_precision_error
-from easy_context.kernels import KERNEL_NAMES, get_kernel
+from easy_context.kernels import KERNEL_NAMES
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
     CausalLMWithLoss,
@@ -59,7 +60,7 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__)
     p.add_argument(
         "--model",
         required=True,
@@ -72,33 +73,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=None,
                    help="vocabulary of a random-init model trained on --dataset random without --tokenizer "
                         "(shape: models default to their published vocab)")  # fmt: skip
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--seq-length", type=int, default=16384)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--gradient-accumulate-every", type=positive_int, default=8)
-    p.add_argument("--max-train-steps", type=int, default=400)
-    p.add_argument("--learning-rate", type=float, default=2e-5)
-    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--output-dir", required=True, help="where the final checkpoint, states and logs go")
+    p.add_argument("--seq-length", type=int, default=16384, help="tokens per training sequence")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch per data-parallel group")
+    p.add_argument("--gradient-accumulate-every", type=positive_int, default=8, help="micro-batches per optimizer step")
+    p.add_argument("--max-train-steps", type=int, default=400, help="optimizer steps of the run")
+    p.add_argument("--learning-rate", type=float, default=2e-5, help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps of the LR schedule")
     p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
-    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument(
         "--optimizer",
         default="adamw",
         choices=OPTIMIZERS,
         help="host_adamw: fp32 master weights + Adam moments in host memory, without DeepSpeed",
     )
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this; 0: no clipping")
     p.add_argument("--nonfinite", default="stop", choices=["stop", "skip"],
                    help="a step whose loss or gradient norm (checked with --grad-clip or DeepSpeed) is inf/NaN: stop "
                         "(exit with an error, before that update and any checkpoint from it) or skip (drop its "
                         "update; the data and the LR schedule still advance; metrics count skipped_steps)")  # fmt: skip
     p.add_argument("--max-skips-in-a-row", type=positive_int, default=10, metavar="N",
                    help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
-    p.add_argument("--rope-theta", type=float, default=None)
+    p.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base (default: the model's)")
     p.add_argument("--parallel_mode", "--parallel-mode", default="zigzag_ring_attn", help=", ".join(ec.SEQ_ALGOS))
     p.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
     p.add_argument("--sp-size", type=int, default=None, help="ranks per sequence (DP x SP); default all")
-    p.add_argument("--kernel", default="auto", choices=KERNEL_NAMES)
+    p.add_argument("--kernel", default="auto", choices=KERNEL_NAMES, help="local attention kernel")
     p.add_argument(
         "--checkpointing",
         default="full",
@@ -117,17 +118,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="RMSNorms without fp32 (seq, hidden) copies (same values; the long-context memory peak)",
     )
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
-    p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS, help="LM head + cross-entropy implementation")
+    p.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model weights and compute dtype"
+    )
+    p.add_argument("--seed", type=int, default=42, help="data order and random-init weights")
     p.add_argument("--save-every", type=int, default=0, help="save a resumable state every N steps (0: only at end)")
     p.add_argument("--resume-from", default=None, help="a state dir written by --save-every / --stop-at-step")
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
-    p.add_argument("--log-every", type=positive_int, default=1)
+    p.add_argument("--log-every", type=positive_int, default=1, help="print and log metrics every N steps")
     p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
-    p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"])
+    p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"], help="experiment tracker")
     p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
     args = p.parse_args(argv)
     if args.wandb:
@@ -242,13 +245,9 @@ def main(argv=None) -> None:
                        max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     check_layout(args, sp_size, model.config, opts)
-    kernel = args.kernel
-    if args.parallel_mode == "data_parallel" and kernel == "auto" and args.checkpointing.startswith("attn"):
-        head_dim = (
-            getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-        )
-        kernel = get_kernel("auto", accelerator.device, model.dtype, head_dim).name  # checkpoint-after-attention
-    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, kernel=kernel, **opts)
+    # checkpoint-after-attention needs our attention function, also under data parallel
+    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, always=args.checkpointing.startswith("attn"),
+                                       kernel=args.kernel, **opts)  # fmt: skip
     try:
         apply_checkpointing(model, args.checkpointing, offload_layers=args.offload_layers,
                             checkpoint_every=args.checkpoint_every)  # fmt: skip  # per decoder layer

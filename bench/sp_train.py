@@ -43,8 +43,12 @@ SET_HERE = {"--parallel_mode", "--parallel-mode", "--seq-length", "--dataset", "
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, default=None,
-                   help="processes (GPUs) of this host (default: the accelerate config's, else 1)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes (GPUs) of this host (default: the accelerate config's, else 1)",
+    )
     p.add_argument("--model", default="shape:llama-2-7b")
     p.add_argument("--modes", nargs="+", default=["zigzag_ring_attn"], help="train.py --parallel_mode values")
     p.add_argument("--seq", type=int, nargs="*", default=[], help="measure these lengths")
@@ -52,8 +56,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-probes", type=int, default=4)
     p.add_argument("--granularity", type=int, default=65536)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the last one is reported)")
-    p.add_argument("--accelerate-config", default=None,
-                   help="accelerate config file (default: plain multi-GPU launch; on CPU the 2-process gloo config)")
+    p.add_argument(
+        "--accelerate-config",
+        default=None,
+        help="accelerate config file (default: plain multi-GPU launch; on CPU the 2-process gloo config)",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--out", default=None, help="append one JSON row per run")
     args, train_args = p.parse_known_args(argv)
@@ -85,8 +92,13 @@ def launcher(args, train_args: list[str]) -> tuple[list[str], dict]:
     """The ``accelerate launch`` prefix and the environment it needs."""
     import torch
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch",
-           "--main_process_port", str(free_port())]  # a fresh port: the last run's may still be in TIME_WAIT
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--main_process_port",
+        str(free_port()),
+    ]  # a fresh port: the last run's may still be in TIME_WAIT
     if args.nproc or not args.accelerate_config:
         cmd += ["--num_processes", str(args.nproc or 1)]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

@@ -251,7 +251,6 @@ planner's 1.63M is an upper bound for that stack (same order of magnitude).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -259,6 +258,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
+from . import cli
 from .layout import Layout
 
 GB = 1e9
@@ -1172,25 +1172,32 @@ def format_summary(preds: list[Prediction], setup: Setup) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+def build_parser() -> cli.ArgumentParser:
+    """The parser of ``python -m easy_context.plan`` (:func:`main`)."""
+    ap = cli.ArgumentParser(
         prog="python -m easy_context.plan",
         description="Predict the byte budget and longest trainable context per SP mode and memory option.",
         epilog="Assumptions: see `python -c 'import easy_context.plan as p; help(p)'`.",
     )
     ap.add_argument("--model", help="config.json path, built-in name (llama-3-8b, ...) or preset")
-    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs in all (nodes x GPUs per node)")
     ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
     ap.add_argument("--host-mem", default="1TB", help="per node")
     ap.add_argument("--gpus-per-node", type=int, default=None, help="default min(gpus, 8)")
     ap.add_argument("--sp", nargs="+", default=list(MODES), choices=MODES, metavar="MODE", help=f"{MODES}")
     ap.add_argument("--sp-size", type=int, default=None, help="SP group size W (default all GPUs)")
     ap.add_argument("--ring-degree", type=int, default=None, help="usp_attn ring degree (default: repo default)")
-    ap.add_argument("--optim", default="zero3_offload", choices=OPTIMS)
-    ap.add_argument("--options", nargs="+", default=[o.name for o in OPTIONS], choices=[o.name for o in OPTIONS])
+    ap.add_argument("--optim", default="zero3_offload", choices=OPTIMS, help="optimizer state placement")
+    ap.add_argument(
+        "--options",
+        nargs="+",
+        default=[o.name for o in OPTIONS],
+        choices=[o.name for o in OPTIONS],
+        help="memory options to compare",
+    )
     ap.add_argument("--mlp-tiles", default="auto", help="tiled MLP tile count, or 'auto' (tiles of h tokens)")
     ap.add_argument("--mlp-tile-tokens", type=int, default=None, help="tiled MLP tiles of this many tokens (8192)")
-    ap.add_argument("--loss-chunk", type=int, default=LOSS_CHUNK)
+    ap.add_argument("--loss-chunk", type=int, default=LOSS_CHUNK, help="tokens per chunk of the chunked LM-head loss")
     ap.add_argument(
         "--norm",
         choices=NORMS,
@@ -1207,7 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
     ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")
-    ap.add_argument("--cuda-reserve", default="1.5GB")
+    ap.add_argument("--cuda-reserve", default="1.5GB", help="CUDA context and runtime per GPU")
     ap.add_argument("--host-reserve", default="3GB", help="host runtime per process")
     ap.add_argument("--no-pinned-pow2", action="store_true", help="pinned blocks not rounded to powers of two")
     ap.add_argument("--seq", type=int, default=None, help="S for the breakdown (default: max of the best option)")
@@ -1221,13 +1228,18 @@ def main(argv: list[str] | None = None) -> int:
         "--show", default=None, metavar="MODE:CONFIG", help="breakdown for e.g. zigzag_ring_attn:offload+tiled"
     )
     ap.add_argument("--anchors", action="store_true", help="also print the published anchors vs predictions")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument(
         "--validate",
         metavar="JSONL",
         default=None,
         help="compare with the measured probes of a bench/max_context.py --out file (and exit)",
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.validate:
         overrides = dict(

@@ -21,12 +21,14 @@ import max_context  # noqa: E402
 
 def _worker(tmp_path, body: str) -> str:
     path = tmp_path / "worker.py"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {BENCH!r})
         from isolated_run import emit
         {textwrap.indent(textwrap.dedent(body), "        ").strip()}
-    """))
+    """)
+    )
     return str(path)
 
 

@@ -185,8 +185,10 @@ def test_partial_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     ref_loss, ref_grads = _REFERENCE["llama"]
     from easy_context.memory import apply_checkpointing
 
-    for build in (lambda m: enable_offloaded_checkpointing(m, offload_layers=1, pin_memory=False),
-                  lambda m: apply_checkpointing(m, "offload", offload_layers=1)):  # train.py --offload-layers 1
+    for build in (
+        lambda m: enable_offloaded_checkpointing(m, offload_layers=1, pin_memory=False),
+        lambda m: apply_checkpointing(m, "offload", offload_layers=1),
+    ):  # train.py --offload-layers 1
         log = _HookLog(monkeypatch)
         loss, grads = _loss_and_grads(build(_model("llama")))
         assert _rel_err(loss, ref_loss) < 1e-5

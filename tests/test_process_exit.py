@@ -88,5 +88,5 @@ SCRIPTS = ["train.py", "eval_needle.py", "eval_ppl.py", "bench/multi_gpu.py", "b
 def test_distributed_scripts_end_with_exit_process(script):
     """Every script that joins a process group ends through exit_process, after its main()."""
     text = (ROOT / script).read_text()
-    main_block = text[text.index('if __name__ == "__main__":'):]
+    main_block = text[text.index('if __name__ == "__main__":') :]
     assert "main()" in main_block and "exit_process(" in main_block, main_block

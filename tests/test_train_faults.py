@@ -50,7 +50,9 @@ def all_finite(path: Path) -> bool:
 @pytest.mark.parametrize("flag", ["--log-every", "--gradient-accumulate-every"])
 def test_zero_intervals_are_rejected(data_dir, tmp_path, flag):
     res = run_train(data_dir, tmp_path / "bad", *FAST, flag, "0", check=False)
-    assert res.returncode == 2 and f"argument {flag}: must be >= 1" in res.stderr, res.stderr[-2000:]
+    underscored = "--" + flag[2:].replace("-", "_")
+    message = f"argument {flag}/{underscored}: must be >= 1, got 0"
+    assert res.returncode == 2 and message in res.stderr, res.stderr[-2000:]
 
 
 def test_nothing_to_train_exits_zero_and_writes_nothing(data_dir, tmp_path):

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from .. import cli
 from .needles import NeedleMix
 from .prepare import pack_stats, prepare_dataset
 from .sources import load_documents
@@ -20,7 +21,7 @@ from .tokenizer import load_tokenizer, train_byte_level_bpe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m easy_context.data", description=__doc__.splitlines()[0])
+    p = cli.ArgumentParser(prog="python -m easy_context.data", description=__doc__.splitlines()[0])
     p.add_argument(
         "--dataset", required=True, help=".txt/.jsonl file, folder of them, save_to_disk folder, or hub name"
     )
@@ -39,21 +40,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="N",
-        help="with --train-tokenizer: numbers become tokens of up to N digits (3 as in Llama 3); default 0 (off)",
+        help="with --train-tokenizer: numbers become tokens of up to N digits (3 as in Llama 3; 0: off)",
     )
     p.add_argument("--long-doc-tokens", type=int, default=None, help="documents with >= T tokens count as long")
-    p.add_argument("--upsample-factor", type=int, default=1, help="repeat long documents K times (default 1)")
+    p.add_argument("--upsample-factor", type=int, default=1, help="repeat long documents K times")
     p.add_argument(
         "--needle-fraction",
         type=float,
         default=0.0,
         metavar="F",
-        help="this share of the rows becomes needle-retrieval rows in eval_needle.py's format (default 0)",
+        help="this share of the rows becomes needle-retrieval rows in eval_needle.py's format",
     )
-    p.add_argument("--needle-digits", type=int, default=7, help="digits of each needle's number (default 7)")
-    p.add_argument("--needles-per-doc", type=int, default=1, help="needles and questions per retrieval row (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    p.add_argument("--num-proc", type=int, default=1, help="tokenizer processes (default 1)")
+    p.add_argument("--needle-digits", type=int, default=7, help="digits of each needle's number")
+    p.add_argument("--needles-per-doc", type=int, default=1, help="needles and questions per retrieval row")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--num-proc", type=int, default=1, help="tokenizer processes")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = p.parse_args(argv)
     if args.upsample_factor > 1 and args.long_doc_tokens is None:

@@ -166,8 +166,10 @@ def enable_offloaded_checkpointing(
     if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     if checkpoint_every > 1 and replay_attention:
-        raise ValueError("checkpoint_every > 1 regenerates layer inputs by re-running whole layers: it cannot be "
-                         "combined with replay_attention (checkpointing mode 'attn'); use 'full' or 'offload'")
+        raise ValueError(
+            "checkpoint_every > 1 regenerates layer inputs by re-running whole layers: it cannot be "
+            "combined with replay_attention (checkpointing mode 'attn'); use 'full' or 'offload'"
+        )
     extra = {"context_fn": _attn_replay_contexts} if replay_attention else {}
     func = functools.partial(offloaded_checkpoint, offload=offload, use_reentrant=False, pin_memory=pin_memory, **extra)
     # HF's own setter: stores ``func`` as ``_gradient_checkpointing_func`` of every GradientCheckpointingLayer
