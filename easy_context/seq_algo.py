@@ -26,6 +26,20 @@ from .shape_check import check_local_shapes
 AttnFunc = Callable[..., torch.Tensor]
 
 
+def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v in one dtype, as transformers' own attention would compute them: the autocast dtype when autocast is
+    on (RoPE hands over fp32 q/k next to a bf16 v under bf16 AMP), else the widest of the three. The casts are
+    differentiable, so gradients come back in each input's dtype."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        target = torch.get_autocast_dtype(device)
+    else:
+        target = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(target), k.to(target), v.to(target)
+
+
 @dataclass(frozen=True)
 class SeqAlgo:
     """A sequence-parallel backend.
@@ -102,6 +116,7 @@ class SeqAlgo:
                     f"{algo.name}: attention dropout is not supported by easy_context attention; "
                     "set the model's attention_dropout to 0"
                 )
+            q, k, v = compute_dtype(q, k, v)
             scale = default_scale(q.shape[-1], softmax_scale)
             if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
                 group = get_sp_group() if group is None else group

@@ -32,6 +32,8 @@ def local_input_error(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         check_shapes(q, k, v, causal=False)
     except ValueError as exc:
         return f"{algo}: {exc}"
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"{algo}: {q.dtype} inputs are not supported (kernels run in fp32, bf16 or fp16): cast to float32"
     if q.shape[1] != k.shape[1]:
         return (f"{algo}: q has {q.shape[1]} local rows but k/v have {k.shape[1]}; sequence-parallel attention is "
                 "self-attention over one sharded sequence: shard q, k and v the same way")  # fmt: skip

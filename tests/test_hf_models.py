@@ -229,3 +229,51 @@ def test_data_parallel_patch_is_an_explicit_choice():
     ours = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model("llama"), always=True)
     assert ours.config._attn_implementation.startswith("easy_context_data_parallel")
     torch.testing.assert_close(ours(ids, position_ids=torch.arange(16)[None]).logits, reference)
+
+
+def amp_parity_worker(rank, world, algo, opts):
+    """fp32 weights under bf16 autocast (accelerate's default AMP): RoPE hands fp32 q/k next to a bf16 v."""
+    ref_model = tiny_model("llama")
+    inputs, targets = _batch(world)
+    positions = torch.arange(inputs.shape[1]).expand_as(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_logits = ref_model(inputs, position_ids=positions).logits
+    (_token_loss_sum(ref_logits, targets) / (targets != -100).sum()).backward()
+    sp_model = copy.deepcopy(ref_model)
+    sp_model.zero_grad(set_to_none=True)
+    ec.apply_seq_parallel_monkey_patch(algo, sp_model, **opts)
+    local = ec.prepare_seq_parallel_inputs(algo, inputs, positions, targets, rank, world, "cpu", **opts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = sp_model(local["local_input_ids"], position_ids=local["local_position_ids"]).logits
+    count = (targets != -100).sum()
+    (_token_loss_sum(logits, local["local_target_ids"]) / count).backward()
+    errs = {"logits": rel_err(logits.float(), ec.extract_local(algo, ref_logits.detach().float(), rank, world, **opts))}
+    for (name, p), (_, p_ref) in zip(sp_model.named_parameters(), ref_model.named_parameters()):
+        assert p.grad.dtype == torch.float32, name  # gradients come back in the weights' dtype
+        grad = p.grad.clone()
+        dist.all_reduce(grad)
+        errs[name] = rel_err(grad, p_ref.grad)
+    return errs
+
+
+@pytest.mark.parametrize("algo,opts", ALGOS, ids=[a for a, _ in ALGOS])
+def test_mixed_precision_autocast_parity(dist_pool, algo, opts):
+    if algo == "usp_attn":
+        opts = {"ring_degree": 1}
+    for rank, errs in enumerate(dist_pool(2).run(amp_parity_worker, algo, opts)):
+        worst = max(errs, key=errs.get)  # bf16 rounding (~1e-2), not a layout error (~1)
+        assert errs["logits"] < 2e-2 and errs[worst] < 3e-2, (algo, rank, worst, errs[worst])
+
+
+def test_fp64_inputs_are_refused_on_every_rank(dist_pool):
+    errors = dist_pool(2).run(fp64_worker)
+    assert all("float64 inputs are not supported" in e and "cast to float32" in e for e in errors)
+
+
+def fp64_worker(rank, world):
+    q = torch.randn(1, 8, 4, 8, dtype=torch.float64)
+    try:
+        ec.get_attn_func("zigzag_ring_attn")(q, q, q)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"

@@ -17,7 +17,7 @@ ALGOS = [("zigzag_ring_attn", {}), ("dist_flash_attn", {}), ("ulysses_attn", {})
 # case -> (what the faulty rank passes, substring of the faulty rank's error, substring of the others' error)
 CASES = {
     "k_shorter_on_rank0": ("k/v have", "rejected their attention inputs"),
-    "kv_fp64_on_rank0": ("share one dtype", "rejected their attention inputs"),
+    "kv_fp64_on_rank0": ("float64 inputs are not supported", "rejected their attention inputs"),
     "k_not_v_on_rank0": ("incompatible", "rejected their attention inputs"),
     "longer_shard_on_rank2": ("same shape and dtype", "same shape and dtype"),
     "non_causal_on_rank0": ("same attention", "same attention"),
@@ -86,6 +86,8 @@ def test_padding_hint_names_the_options(dist_pool):
 def test_ring_degree_must_be_an_integer():
     with pytest.raises(ValueError, match="ring_degree must be an integer"):
         ec.seq_multiple("usp_attn", 6, ring_degree=2.0)
-    q = torch.randn(1, 8, 2, 16)
-    with pytest.raises(ValueError, match="share one dtype"):  # one process: the local check
-        ec.get_attn_func("data_parallel", kernel="cpu")(q, q.double(), q.double())
+    q = torch.randn(1, 8, 2, 16, requires_grad=True)
+    out = ec.get_attn_func("data_parallel", kernel="cpu")(q, q.double(), q.double())  # mixed: the widest dtype
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    assert q.grad.dtype == torch.float32  # gradients in the input's dtype
