@@ -91,3 +91,19 @@ def test_ring_degree_must_be_an_integer():
     assert out.dtype == torch.float64
     out.sum().backward()
     assert q.grad.dtype == torch.float32  # gradients in the input's dtype
+
+
+def empty_shard_worker(rank, world, algo):
+    q = torch.randn(1, 0, 2, 16)
+    try:
+        ec.get_attn_func(algo)(q, q, q)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize("algo", ["zigzag_ring_attn", "ulysses_attn", "usp_attn", "dist_flash_attn", "data_parallel"])
+def test_zero_length_shards_are_refused(dist_pool, algo):
+    """An empty local shard crashed the process with SIGFPE inside the CPU kernel; now every rank raises."""
+    for message in dist_pool(WORLD).run(empty_shard_worker, algo):
+        assert "empty sequence" in message or "rejected their attention inputs" in message, message

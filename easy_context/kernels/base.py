@@ -127,6 +127,11 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         )
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"incompatible q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(
+            f"empty sequence: q{tuple(q.shape)} k{tuple(k.shape)} (a zero-length shard: the sequence is shorter than "
+            "the number of ranks it is split over, or empty); give every rank at least one token"
+        )
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[2] % k.shape[2] != 0:
