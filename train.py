@@ -229,7 +229,10 @@ def main(argv=None) -> None:
     set_seed(args.seed)
     if not torch.distributed.is_initialized():  # one process: a process group of one, so SP code runs unchanged
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    sp_group, _ = ec.init_sp_groups(args.sp_size)
+    try:
+        sp_group, _ = ec.init_sp_groups(args.sp_size)
+    except ValueError as exc:
+        sys.exit(f"error: --sp-size {args.sp_size}: {exc}")
     sp_rank, sp_size = torch.distributed.get_rank(sp_group), torch.distributed.get_world_size(sp_group)
     opts = backend_options(args)
 

@@ -260,6 +260,10 @@ def test_prepare_errors(text_dir, tokenizer, tmp_path):
     datasets.Dataset.from_dict({"input_ids": [[5000] * 9] * 2}).save_to_disk(out)
     with pytest.raises(ValueError, match="different tokenizer"):
         load_train_dataset(out, tokenizer, 8)
+    negative = str(tmp_path / "negative_ids")
+    datasets.Dataset.from_dict({"input_ids": [[5] * 4 + [-100] * 5] * 2}).save_to_disk(negative)
+    with pytest.raises(ValueError, match=r"token id -100: input ids must be >= 0"):
+        load_train_dataset(negative, tokenizer, 8)
 
 
 def test_prepare_upsampling_and_num_proc(text_dir, tokenizer):

@@ -173,6 +173,8 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--checkpointing", "attn", "--checkpoint-every", "2"), "needs checkpointing mode 'full' or 'offload'"),
         (("--checkpoint-every", "0"), "checkpoint_every must be an integer >= 1"),
         (("--vocab-size", "512"), "--vocab-size is for --dataset random"),
+        (("--sp-size", "3"), "error: --sp-size 3:"),
+        (("--parallel_mode", "zigzag_ring_attn", "--ring_degree", "2"), "--ring_degree does not apply to zigzag"),
     ],
 )
 def test_bad_flags_fail_with_one_line(data_dir, tmp_path, extra, message):

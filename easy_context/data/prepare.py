@@ -238,6 +238,13 @@ def _check_prepared(saved, path: str, seq_length: int, tokenizer) -> None:
             f"`python -m easy_context.data --dataset SRC --output {path} --seq-length {seq_length} ...`, "
             f"or train with --seq-length <= {prepared}."
         )
+    smallest = pc.min(pc.list_flatten(column)).as_py()
+    if smallest is not None and smallest < 0:
+        raise ValueError(
+            f"prepared dataset {path!r} contains token id {smallest}: input ids must be >= 0 (a -100 'ignore' "
+            "label belongs in the targets, which train.py derives from the ids); re-prepare it with "
+            "`python -m easy_context.data`"
+        )
     if tokenizer is not None:
         largest = pc.max(pc.list_flatten(column)).as_py()
         if largest is not None and largest >= len(tokenizer):
