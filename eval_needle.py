@@ -30,7 +30,7 @@ from easy_context.eval.results import cell_scores, write_csv, write_json
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
-from easy_context.models import PRESETS
+from easy_context.models import PRESETS, missing_local_path
 from easy_context.process_exit import exit_process
 
 
@@ -53,6 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", "--output_dir", default=None, help="default out/eval_needle/<model name>")
     add_runtime_args(p)
     args = p.parse_args(argv)
+    for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
+        missing = missing_local_path(name or "", flag)
+        if missing:
+            p.error(missing)
     if args.model in PRESETS and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer")
     if args.num_samples < 1 or args.num_distractor < 0:

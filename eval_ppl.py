@@ -28,7 +28,7 @@ from easy_context.eval.results import write_csv
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.loss import CausalLMWithLoss
-from easy_context.models import PRESETS
+from easy_context.models import PRESETS, missing_local_path
 from easy_context.process_exit import exit_process
 
 DEFAULT_DATASET = "PaulGrahamEssays"
@@ -68,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", "--output-file", default=None, help="CSV path (default out/eval_ppl.csv)")
     add_runtime_args(p)
     args = p.parse_args(argv)
+    for flag, name in [("--model", m) for m in args.model] + [("--tokenizer", args.tokenizer)]:
+        missing = missing_local_path(name or "", flag)
+        if missing:
+            p.error(missing)
     if any(m in PRESETS for m in args.model) and not args.tokenizer:
         p.error("a random-init preset --model needs --tokenizer")
     if args.concatenate is None:

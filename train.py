@@ -39,7 +39,7 @@ from easy_context.loss import (
 )
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
-from easy_context.models import PRESETS, is_random_init, load_model
+from easy_context.models import PRESETS, is_random_init, load_model, missing_local_path
 from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.process_exit import exit_process
 from easy_context.train_state import (
@@ -133,6 +133,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tracker", default="none", choices=["none", "wandb", "tensorboard"], help="experiment tracker")
     p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
     args = p.parse_args(argv)
+    for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
+        missing = missing_local_path(name or "", flag)
+        if missing:
+            p.error(missing)
     if args.wandb:
         args.tracker = "wandb"
     if args.tracker != "none":

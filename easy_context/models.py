@@ -4,6 +4,8 @@ random weights, for benchmarks (speed and memory do not depend on the weights)."
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
@@ -27,6 +29,16 @@ PRESETS: dict[str, tuple[str, dict]] = {
 def is_random_init(name: str) -> bool:
     """Whether ``name`` builds random weights (a preset or ``shape:<name>``) rather than loading a checkpoint."""
     return name in PRESETS or name.startswith(SHAPE_PREFIX)
+
+
+def missing_local_path(name: str, flag: str = "--model") -> str | None:
+    """A one-line error when ``name`` is meant as a local folder (starts with ``.``, ``/`` or ``~``, or has more than
+    one ``/``) that does not exist; None otherwise (hub ids look like ``org/name``; presets build random weights)."""
+    if not name or is_random_init(name) or os.path.exists(os.path.expanduser(name)):
+        return None
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return f"{flag} {name}: no such folder (a local checkpoint path; hub ids look like org/name)"
+    return None
 
 
 def shape_config(name: str, vocab_size: int | None = None) -> PretrainedConfig:

@@ -167,3 +167,13 @@ def test_help_shows_defaults(helps, cmd):
     assert HELP[cmd] in text, stdout
     assert cli.SPELLING_NOTE in text
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval_needle.py", "eval_ppl.py"])
+def test_missing_model_folder_is_one_line(script):
+    """A local model path that does not exist is named as such before anything loads (it used to read as a
+    tokenizer problem, or as "Repo id must be in the form")."""
+    extra = ["--dataset", "d", "--output-dir", "o", "--tokenizer", "t"] if script == "train.py" else []
+    res = subprocess.run([sys.executable, script, "--model", "./no/such/model", *extra], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2 and "--model ./no/such/model: no such folder" in res.stderr, res.stderr[-1000:]
