@@ -29,6 +29,7 @@ import easy_context as ec
 from easy_context import cli
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
 from easy_context.deepspeed_precision import deepspeed_precision_error
+from easy_context.groups import launch_error
 from easy_context.kernels import KERNEL_NAMES
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
@@ -213,6 +214,9 @@ def main(argv=None) -> None:
         if launched
         else [],
     )
+    error = launch_error(accelerator.distributed_type.value != "NO")  # e.g. a CPU launch without ACCELERATE_USE_CPU=1
+    if error:
+        sys.exit(f"error: {error}")
     error = deepspeed_precision_error(accelerator, getattr(torch, args.dtype))  # ZeRO-3 builds in that precision
     if error:
         sys.exit(f"error: --dtype {args.dtype}: {error}")

@@ -14,8 +14,10 @@ part; the first call must happen on all of them (it does: attention runs in lock
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 _SP_GROUP: dist.ProcessGroup | None = None
@@ -129,3 +131,17 @@ def get_usp_groups(group: dist.ProcessGroup, ring_degree: int) -> UspGroups:
     uly, ring = _USP_CACHE[key]
     uly, ring = (group if g is None else g for g in (uly, ring))
     return UspGroups(uly, ring, sp_size // ring_degree, ring_degree)
+
+
+def launch_error(distributed: bool) -> str | None:
+    """Why this launch is not one job (or None): the launcher started WORLD_SIZE > 1 processes but the framework
+    runs them as independent single-process jobs (``distributed`` False: accelerate's ``DistributedType.NO``), so
+    each would train alone, silently. On CPU this happens when ``accelerate launch`` runs without
+    ``ACCELERATE_USE_CPU=1``."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched <= 1 or distributed:
+        return None
+    fix = "check the launch configuration"
+    if not torch.cuda.is_available():
+        fix = "on CPU set ACCELERATE_USE_CPU=1 (`accelerate launch --cpu` starts a single process)"
+    return f"the launcher started {launched} processes but accelerate runs each on its own (not distributed); {fix}"

@@ -133,3 +133,18 @@ def test_nonfinite_skip_stops_after_too_many_in_a_row(data_dir, tmp_path):
                      res.stderr), res.stderr[-3000:]  # fmt: skip
     assert losses(out, "skipped_steps")[-2:] == [1, 2]
     assert not (out / "model.safetensors").exists()
+
+
+def test_unjoined_cpu_launch_is_refused(data_dir, tmp_path):
+    """accelerate launch of 2 CPU processes without ACCELERATE_USE_CPU=1 ran two unsynchronised jobs, exit 0."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu_2proc.yaml",
+           "train.py", "--model", "tiny-llama", "--tokenizer", str(data_dir / "tokenizer"), "--dataset", str(data_dir),
+           "--output-dir", str(tmp_path / "out"), "--seq-length", "256", "--dtype", "float32"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=test_train.ROOT, env=env, timeout=300)
+    assert res.returncode != 0 and "set ACCELERATE_USE_CPU=1" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
+from easy_context.groups import launch_error
 
 DEFAULT_SP_MODE = "zigzag_ring_attn"
 
@@ -76,6 +77,9 @@ def _make_accelerator():
     backend = "nccl" if torch.cuda.is_available() else "gloo"  # gloo on CPU: else every rank thinks it is rank 0
     handlers = [InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=60))] if launched else []
     accelerator = Accelerator(kwargs_handlers=handlers)
+    error = launch_error(accelerator.distributed_type.value != "NO")
+    if error:
+        raise RuntimeError(error)
     if not dist.is_initialized():  # one process: a process group of one, so SP code runs unchanged
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return accelerator
