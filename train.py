@@ -40,7 +40,7 @@ from easy_context.loss import (
 )
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.metrics import MetricsLogger
-from easy_context.models import PRESETS, is_random_init, load_model, missing_local_path
+from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
 from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.process_exit import exit_process
 from easy_context.train_state import (
@@ -255,6 +255,8 @@ def main(argv=None) -> None:
     model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
                        max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
+    if tokenizer is not None and is_random_init(args.model):
+        match_special_tokens(model, tokenizer)
     check_layout(args, sp_size, model.config, opts)
     # checkpoint-after-attention needs our attention function, also under data parallel
     ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, always=args.checkpointing.startswith("attn"),

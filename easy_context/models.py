@@ -41,6 +41,17 @@ def missing_local_path(name: str, flag: str = "--model") -> str | None:
     return None
 
 
+def match_special_tokens(model: PreTrainedModel, tokenizer) -> None:
+    """Give a random-init model its tokenizer's bos/eos/pad ids (config and generation config): the architecture
+    defaults (Llama: bos 1, eos 2) name other tokens of a tokenizer trained here, and generation would stop on them."""
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            setattr(model.config, name, value)
+            if getattr(model, "generation_config", None) is not None:
+                setattr(model.generation_config, name, value)
+
+
 def shape_config(name: str, vocab_size: int | None = None) -> PretrainedConfig:
     """The config of ``shape:<name>`` (one of ``easy_context.plan.BUILTIN_MODELS``), vocab as published unless given."""
     key = name.removeprefix(SHAPE_PREFIX).lower()

@@ -148,3 +148,16 @@ def test_unjoined_cpu_launch_is_refused(data_dir, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=test_train.ROOT, env=env, timeout=300)
     assert res.returncode != 0 and "set ACCELERATE_USE_CPU=1" in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_saved_random_init_model_uses_its_tokenizers_special_ids(data_dir, tmp_path):
+    """A preset trained with a tokenizer made here (<s>=0, </s>=1, <pad>=2) saved Llama's bos 1 / eos 2."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "ids"
+    test_train.run_train(data_dir, out, *FAST)
+    tok = AutoTokenizer.from_pretrained(out)
+    for name in ("config.json", "generation_config.json"):
+        saved = json.loads((out / name).read_text())
+        assert (saved["bos_token_id"], saved["eos_token_id"]) == (tok.bos_token_id, tok.eos_token_id), name
+    assert json.loads((out / "config.json").read_text())["pad_token_id"] == tok.pad_token_id
