@@ -20,7 +20,7 @@ import sys
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 from transformers import get_scheduler
@@ -214,7 +214,7 @@ def main(argv=None) -> None:
         if launched
         else [],
     )
-    error = launch_error(accelerator.distributed_type.value != "NO")  # e.g. a CPU launch without ACCELERATE_USE_CPU=1
+    error = launch_error(accelerator.distributed_type != DistributedType.NO)  # CPU launch w/o ACCELERATE_USE_CPU=1
     if error:
         sys.exit(f"error: {error}")
     error = deepspeed_precision_error(accelerator, getattr(torch, args.dtype))  # ZeRO-3 builds in that precision

@@ -25,6 +25,8 @@ PAIRS = {  # name -> (seq_algo, prepare, patch, model type, extra prepare args o
 
 def pair_worker(rank: int, world: int, name: str) -> float:
     seq_algo, prepare, patch, model_type, extra = PAIRS[name]
+    if extra and world == 4:
+        extra = (2, 2)  # ring 2 x Ulysses 2
     ids = torch.randint(0, 128, (2, 8 * world + 1), generator=torch.Generator().manual_seed(3))
     inputs, targets = ids[:, :-1], ids[:, 1:]
     positions = torch.arange(inputs.shape[1]).expand_as(inputs)
@@ -43,9 +45,10 @@ def pair_worker(rank: int, world: int, name: str) -> float:
         compat._USP_RING_DEGREE.clear()
 
 
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("name", list(PAIRS))
-def test_easycontext_names_match_one_process(dist_pool, name):
-    for err in dist_pool(2).run(pair_worker, name):
+def test_easycontext_names_match_one_process(dist_pool, world, name):
+    for err in dist_pool(world).run(pair_worker, name):
         assert err < 1e-5, (name, err)
 
 

@@ -71,13 +71,13 @@ class EvalRuntime:
 def _make_accelerator():
     """An Accelerator that owns the process group when launched (gloo on CPU, nccl on CUDA), as train.py does."""
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
+    from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     backend = "nccl" if torch.cuda.is_available() else "gloo"  # gloo on CPU: else every rank thinks it is rank 0
     handlers = [InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=60))] if launched else []
     accelerator = Accelerator(kwargs_handlers=handlers)
-    error = launch_error(accelerator.distributed_type.value != "NO")
+    error = launch_error(accelerator.distributed_type != DistributedType.NO)
     if error:
         raise RuntimeError(error)
     if not dist.is_initialized():  # one process: a process group of one, so SP code runs unchanged
