@@ -190,6 +190,13 @@ def to_host(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> tuple
     return loss, grad_norm
 
 
+def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(inputs, position_ids or None, targets) of a (batch, seq_length + 1) micro-batch, on the host; a dataset packed
+    with ``--pack documents`` also yields position_ids restarting at each document (attention stays inside it)."""
+    ids, positions = (batch["input_ids"], batch["position_ids"]) if isinstance(batch, dict) else (batch, None)
+    return ids[:, :-1].cpu(), None if positions is None else positions[:, :-1].cpu(), ids[:, 1:].cpu()
+
+
 def nonfinite_problem(step: int, loss: float, grad_norm: float | None) -> str | None:
     """Why step ``step`` must not update the weights (its loss or gradient norm is inf/NaN), or None."""
     bad = [f"{name} {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
@@ -324,8 +331,8 @@ def main(argv=None) -> None:
     for step in bar:
         batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
         consumed += len(batches)
-        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, b[:, :-1].cpu(), None, b[:, 1:].cpu(), sp_rank,
-                                                 sp_size, "cpu", **opts) for b in batches]  # fmt: skip
+        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, *split_batch(b), sp_rank, sp_size, "cpu", **opts)
+                  for b in batches]  # fmt: skip
         # exact token-mean over every micro-batch, rank and DP replica of this optimizer step: one count, on the
         # host (no device sync), all-reduced once
         n_local = sum(int((s["local_target_ids"] != -100).sum()) for s in shards)

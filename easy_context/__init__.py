@@ -7,6 +7,7 @@ Functional API::
     ec.extract_local(seq_algo, value, rank, world_size, dim=1)  # this rank's shard
     attn = ec.get_attn_func(seq_algo, kernel="auto", **options)
     out = attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)
+    out = attn(q, k, v, position_ids=local_position_ids)      # packed documents (docs/documents.md)
 """
 
 from . import compat, registry
@@ -22,6 +23,7 @@ from .compat import (  # noqa: F401 (exported through compat.__all__)
     prepare_zigzag_ring_attn_inputs,
 )
 from .dataloader import prepare_dataloader
+from .documents import Documents, find_documents
 from .groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
 from .inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
 from .kernels import KERNEL_NAMES, get_kernel
@@ -60,6 +62,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Documents",
     "KERNEL_NAMES",
     *compat.__all__,  # EasyContext's per-backend names
     "apply_seq_parallel_monkey_patch",
@@ -69,6 +72,7 @@ __all__ = [
     "prepare_seq_parallel_inputs",
     "SEQ_ALGOS",
     "extract_local",
+    "find_documents",
     "get_attn_func",
     "get_dp_group",
     "get_kernel",

@@ -41,6 +41,7 @@ class _Entry:
     out: torch.Tensor  # (b, s_local, h, d), detached
     lse: torch.Tensor  # (b, h, s_local) fp32, detached
     version: int  # out's version counter when recorded (detects in-place changes)
+    documents: Any = None  # the document masking it computed (easy_context.documents.Documents or None)
 
 
 class _Mode:
@@ -71,12 +72,13 @@ class AttnCache:
 
 
 def forward_or_replay(
-    tag: str, q: torch.Tensor, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    tag: str, q: torch.Tensor, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]], documents: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``compute()`` -> (out (b, s, h, d), lse (b, h, s) fp32), or its recorded result during a recompute.
 
-    ``tag`` names the backend and ``q`` is the local query, both only used to check that the recompute
-    calls attention in the same order as the forward did.
+    ``tag`` names the backend, ``q`` is the local query and ``documents`` the document masking of the call, all
+    only used to check that the recompute calls attention in the same order, and over the same documents, as
+    the forward did.
     """
     active = _ACTIVE.get()
     if active is None:
@@ -84,7 +86,7 @@ def forward_or_replay(
     cache, mode = active
     if mode == "record":
         out, lse = compute()
-        cache.entries.append(_Entry(tag, out.detach(), lse.detach(), out._version))
+        cache.entries.append(_Entry(tag, out.detach(), lse.detach(), out._version, documents))
         return out, lse
     if cache.cursor >= len(cache.entries):
         raise RuntimeError(
@@ -97,6 +99,11 @@ def forward_or_replay(
         raise RuntimeError(
             f"attn_checkpoint: recompute call {cache.cursor} is {tag} attention with q{tuple(q.shape)}, "
             f"but the forward recorded {entry.tag} with out{tuple(entry.out.shape)}"
+        )
+    if entry.documents != documents:
+        raise RuntimeError(
+            f"attn_checkpoint: recompute call {cache.cursor} of {tag} attention masks other documents than the "
+            "forward did (the position_ids changed between the forward and the recompute)"
         )
     if entry.out._version != entry.version:
         raise RuntimeError(

@@ -5,50 +5,75 @@ holds. The forward merges each block into fp32 accumulators; the backward feeds 
 LSE of those rows to the kernel's backward, which makes the per-block gradients exact, and accumulates
 them in fp32. Communication lives elsewhere (``comm``), so the same functions also drive single-process
 "virtual rank" simulations in tests and benchmarks.
+
+Under document masking (:mod:`easy_context.documents`) a block becomes sub-blocks, one per document: a query row
+may then get nothing from one K/V shard, so the accumulator tracks which rows were written and merges rows with
+no keys yet (lse -inf) without NaN.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .kernels import AttnKernel
-from .lse_merge import merge_into_
+from .lse_merge import merge_into_, merge_safe_
+
+ALL = slice(None)
 
 
 @dataclass(frozen=True)
 class Block:
-    """Query rows ``q_rows`` attend to key rows ``k_rows`` (local indices); ``causal`` only when square."""
+    """Query rows ``q_rows`` attend to key rows ``k_rows`` (local indices); ``causal`` only when square.
+
+    ``batch``: the batch rows it covers (all of them, or one row when documents differ between rows).
+    """
 
     q_rows: slice
     k_rows: slice
     causal: bool
+    batch: slice = field(default_factory=lambda: ALL)
 
 
 class ForwardAccumulator:
-    """fp32 running (out, lse) of the local queries: out (b, s_q, h, d), lse (b, h, s_q)."""
+    """fp32 running (out, lse) of the local queries: out (b, s_q, h, d), lse (b, h, s_q).
+
+    Rows never written hold (0, -inf). ``written`` tracks rows with any contribution (then a block merges
+    instead of copying), ``covered`` rows with a kernel result (a finite lse).
+    """
 
     def __init__(self, q: torch.Tensor):
         self.out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         self.lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
-        self.covered = torch.zeros(q.shape[1], dtype=torch.bool)  # rows written at least once
+        self.written = torch.zeros(q.shape[:2], dtype=torch.bool)  # host-side, (b, s_q)
+        self.covered = torch.zeros(q.shape[:2], dtype=torch.bool)
 
-    def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor) -> None:
-        fresh = not bool(self.covered[rows].any())
-        if fresh:  # first contribution to these rows: copy, no exp(-inf - -inf)
-            self.out[:, rows].copy_(out)
-            self.lse[:, :, rows].copy_(lse)
-            self.covered[rows] = True
+    def add(self, rows: slice, out: torch.Tensor, lse: torch.Tensor, batch: slice = ALL, complete: bool = True) -> None:
+        """Merge a result for query ``rows`` of batch rows ``batch``. ``complete``: every row of it has a key (a
+        kernel's result); False for a partial merged result that may hold rows without any (lse -inf)."""
+        written = self.written[batch, rows]
+        acc_out, acc_lse = self.out[batch, rows], self.lse[batch, :, rows]
+        if not bool(written.any()):  # first contribution to these rows: copy, no exp(-inf - -inf)
+            acc_out.copy_(out)
+            acc_lse.copy_(lse)
+        elif complete:  # a finite lse merges safely even into rows still at (0, -inf)
+            merge_into_(acc_out, acc_lse, out, lse)
         else:
-            if not bool(self.covered[rows].all()):
-                raise AssertionError("schedule must cover block rows uniformly")
-            merge_into_(self.out[:, rows], self.lse[:, :, rows], out, lse)
+            merge_safe_(acc_out, acc_lse, out, lse)
+        self.written[batch, rows] = True
+        if complete:
+            self.covered[batch, rows] = True
 
-    def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if not bool(self.covered.all()):
+    def result(self, dtype: torch.dtype, require_covered: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out in ``dtype``, fp32 lse). ``require_covered=False`` for a partial result (rows without keys allowed:
+        they come back as (0, -inf))."""
+        if require_covered and not bool(self.covered.all()):
             raise AssertionError("schedule left query rows without any key")
         return self.out.to(dtype), self.lse
+
+
+KVGrad = tuple[slice, slice, torch.Tensor, torch.Tensor]  # (batch, k_rows, dk, dv) of one block
 
 
 def forward_blocks(
@@ -62,8 +87,9 @@ def forward_blocks(
 ) -> None:
     """Attend the local queries to one K/V shard over ``blocks``, merging into ``acc``."""
     for blk in blocks:
-        out, lse = kernel.forward(q[:, blk.q_rows], k[:, blk.k_rows], v[:, blk.k_rows], blk.causal, scale)
-        acc.add(blk.q_rows, out, lse)
+        b, kr = blk.batch, blk.k_rows
+        out, lse = kernel.forward(q[b, blk.q_rows], k[b, kr], v[b, kr], blk.causal, scale)
+        acc.add(blk.q_rows, out, lse, b)
 
 
 def backward_blocks(
@@ -77,23 +103,23 @@ def backward_blocks(
     blocks: list[Block],
     scale: float,
     dq_acc: torch.Tensor,
-) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
+) -> list[KVGrad]:
     """Gradients of one K/V shard's blocks: dq is added to fp32 ``dq_acc`` (like q); returns the
-    (k_rows, dk, dv) of each block for the caller to add where that K/V's gradient lives."""
+    (batch, k_rows, dk, dv) of each block for the caller to add where that K/V's gradient lives."""
     kv_grads = []
     for blk in blocks:
-        qr, kr = blk.q_rows, blk.k_rows
+        b, qr, kr = blk.batch, blk.q_rows, blk.k_rows
         dq, dk, dv = kernel.backward(
-            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out[:, qr], lse[:, :, qr], blk.causal, scale
+            dout[b, qr], q[b, qr], k[b, kr], v[b, kr], out[b, qr], lse[b, :, qr], blk.causal, scale
         )
-        dq_acc[:, qr] += dq
-        kv_grads.append((kr, dk, dv))
+        dq_acc[b, qr] += dq
+        kv_grads.append((b, kr, dk, dv))
     return kv_grads
 
 
-def add_kv_grads_(dkv_acc: torch.Tensor, kv_grads: list[tuple[slice, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Add block (k_rows, dk, dv) gradients into the fp32 buffer ``dkv_acc`` (2, b, s_k, h_kv, d)."""
-    for kr, dk, dv in kv_grads:
-        dkv_acc[0][:, kr] += dk
-        dkv_acc[1][:, kr] += dv
+def add_kv_grads_(dkv_acc: torch.Tensor, kv_grads: list[KVGrad]) -> torch.Tensor:
+    """Add block (batch, k_rows, dk, dv) gradients into the fp32 buffer ``dkv_acc`` (2, b, s_k, h_kv, d)."""
+    for b, kr, dk, dv in kv_grads:
+        dkv_acc[0][b, kr] += dk
+        dkv_acc[1][b, kr] += dv
     return dkv_acc

@@ -19,8 +19,9 @@ def pad_seq_parallel_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pad (batch, seq) ids at the end to the length ``seq_algo`` needs on ``world_size`` ranks.
 
-    Input ids get ``pad_token_id``, targets get -100 (ignored by the loss), position ids keep counting
-    (pad positions only follow real tokens, which never attend to them under causal attention).
+    Input ids get ``pad_token_id``, targets get -100 (ignored by the loss), position ids keep counting from each
+    row's last position (pad positions only follow real tokens, which never attend to them under causal attention;
+    with packed documents the padding joins the row's last document).
     Returns (input_ids, position_ids, target_ids).
     """
     if position_ids is None:
@@ -30,7 +31,7 @@ def pad_seq_parallel_inputs(
     padded = -(-length // multiple) * multiple
     if padded == length:
         return input_ids, position_ids, target_ids
-    extra = torch.arange(length, padded, device=position_ids.device).expand(position_ids.shape[0], -1)
+    extra = position_ids[:, -1:] + torch.arange(1, padded - length + 1, device=position_ids.device)
     return (
         pad_to_multiple(input_ids, multiple, dim=1, value=pad_token_id),
         torch.cat([position_ids, extra.to(position_ids.dtype)], dim=1),

@@ -1,23 +1,56 @@
 """Single-device attention through a local kernel (data parallel, Ulysses' inner call), on the shared autograd
-function of :mod:`easy_context.distributed_attn` (one save-(out, lse) backward, one checkpoint replay)."""
+function of :mod:`easy_context.distributed_attn` (one save-(out, lse) backward, one checkpoint replay).
+
+Under document masking the sequence is the full one, so each document is one causal (or full) square of its own
+rows: one kernel call per document, rows disjoint, nothing to merge.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from .blockwise import Block
 from .distributed_attn import distributed_attention
+from .documents import Documents, Span, split_blocks
 from .kernels import AttnKernel
 
 
-def _kernel_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group):
-    return kernel.forward(q, k, v, causal, scale)
+def _document_blocks(q: torch.Tensor, causal: bool, documents: Documents) -> list[Block]:
+    s = q.shape[1]
+    whole = (Span(0, 0, s),)
+    return split_blocks([Block(slice(0, s), slice(0, s), causal)], whole, whole, documents, q.shape[0])
 
 
-def _kernel_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group):
-    return kernel.backward(dout, q, k, v, out, lse, causal, scale)
+def _kernel_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None):
+    if documents is None:
+        return kernel.forward(q, k, v, causal, scale)
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    for blk in _document_blocks(q, causal, documents):
+        b, rows = blk.batch, blk.q_rows
+        out[b, rows], lse[b, :, rows] = kernel.forward(q[b, rows], k[b, rows], v[b, rows], blk.causal, scale)
+    return out, lse
 
 
-def local_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group=None) -> torch.Tensor:
+def _kernel_backward(
+    dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None
+):
+    if documents is None:
+        return kernel.backward(dout, q, k, v, out, lse, causal, scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for blk in _document_blocks(q, causal, documents):
+        b, r = blk.batch, blk.q_rows
+        dq[b, r], dk[b, r], dv[b, r] = kernel.backward(
+            dout[b, r], q[b, r], k[b, r], v[b, r], out[b, r], lse[b, :, r], blk.causal, scale
+        )
+    return dq, dk, dv
+
+
+def local_attention(
+    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group=None, documents: Documents | None = None
+) -> torch.Tensor:
     """Attention of the whole (local) sequence, (b, s, h, d) layouts, k/v may have fewer heads; ``group`` is
-    ignored."""
-    return distributed_attention("local", _kernel_forward, _kernel_backward, q, k, v, kernel, scale, causal, group)
+    ignored. ``documents``: each attends only to itself (:mod:`easy_context.documents`)."""
+    return distributed_attention(
+        "local", _kernel_forward, _kernel_backward, q, k, v, kernel, scale, causal, group, documents
+    )

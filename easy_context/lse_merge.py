@@ -52,3 +52,15 @@ def merge_eager_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor
     w_new = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
     acc_out.mul_(w_acc).addcmul_(out, w_new)  # no fp32 copy of ``out``: two passes over acc_out
     acc_lse.copy_(new_lse)
+
+
+def merge_safe_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """:func:`merge_into_` where rows of either side may have no keys (lse -inf, out 0): such a row takes the other
+    side's values, and a row without keys on both sides stays (0, -inf) instead of becoming NaN
+    (exp(-inf - -inf)). Used for partial results under document masking."""
+    new_lse = torch.logaddexp(acc_lse, lse)
+    ref = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)
+    w_acc = torch.exp(acc_lse - ref).transpose(1, 2).unsqueeze(-1)
+    w_new = torch.exp(lse - ref).transpose(1, 2).unsqueeze(-1)
+    acc_out.mul_(w_acc).addcmul_(out, w_new)
+    acc_lse.copy_(new_lse)

@@ -40,9 +40,13 @@ def seq_multiple(seq_algo: str, world_size: int, **kw) -> int:
 
 
 def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
-    """``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)`` on local shards.
+    """``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None,
+    documents=None)`` on local shards.
 
     q: (batch, seq_local, heads, dim); k/v: (batch, seq_local, heads_kv, dim); output has q's shape.
+    Packed documents: ``position_ids`` (this rank's shard of the full sequence's, restarting at each document) or
+    ``documents`` (:class:`easy_context.documents.Documents` of the full sequence) keep attention inside each
+    document (docs/documents.md).
     ``kernel`` picks the local kernel (``auto``, ``cpu``, ``cudnn``, ``flash``, ``efficient``,
     ``flash_attn``, ``math``); other keywords are backend options (e.g. ``ring_degree`` for usp_attn).
     """

@@ -2,9 +2,10 @@
 
 Every backend sub-package exports one :class:`SeqAlgo`. The attention implementation has the fixed
 signature ``impl(q, k, v, kernel, softmax_scale, causal, group, **options) -> out`` on local shards
-(b, s_local, h, d); :meth:`SeqAlgo.attn_func` wraps it in the public
-``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)`` with the checks every
-backend shares (dropout, shapes, kernel choice, default SP group).
+(b, s_local, h, d), plus a keyword ``documents`` (:class:`~easy_context.documents.Documents`) when it implements
+document masking; :meth:`SeqAlgo.attn_func` wraps it in the public
+``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None, documents=None)``
+with the checks every backend shares (dropout, shapes, kernel choice, default SP group, documents).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .documents import Documents, Span, local_documents, spans_of
 from .groups import get_sp_group
 from .kernels import KERNEL_NAMES, default_scale, get_kernel
 from .kernels.base import check_shapes
@@ -48,7 +50,9 @@ class SeqAlgo:
     ``multiple(world_size, **options)`` is the number the full length must divide by;
     ``impl`` computes attention on local shards; ``distributed`` is False only for data parallel;
     ``layout_rule(world_size, heads, kv_heads, **options)`` returns the :class:`~easy_context.layout.Layout` fields
-    this backend decides (ring, ulysses, kv_rep, shard, resolved options, infeasible); :meth:`layout` adds the rest.
+    this backend decides (ring, ulysses, kv_rep, shard, resolved options, infeasible); :meth:`layout` adds the rest;
+    ``spans(rank, world_size, seq_local, **options)`` the global rows of a rank's local rows as
+    :class:`~easy_context.documents.Span` runs (None: derived from ``shard``; see :meth:`global_rows`).
     """
 
     name: str
@@ -58,6 +62,7 @@ class SeqAlgo:
     distributed: bool = True
     options: dict[str, Any] = field(default_factory=dict)  # option name -> default
     layout_rule: Callable[..., dict[str, Any]] = ring_rule
+    spans: Callable[..., tuple[Span, ...]] | None = None
 
     def _options(self, kw: dict[str, Any]) -> dict[str, Any]:
         unknown = set(kw) - set(self.options)
@@ -80,6 +85,15 @@ class SeqAlgo:
             taken = sorted(self.options)
             raise ValueError(f"{', '.join(ignored)} does not apply to {self.name} (its options: {taken})")
         return {name: flags.get(name, default) for name, default in self.options.items()}
+
+    def global_rows(self, rank: int, world_size: int, seq_local: int, **kw) -> tuple[Span, ...]:
+        """Where rank ``rank``'s ``seq_local`` local rows sit in the full sequence: contiguous runs
+        (:class:`~easy_context.documents.Span`), in local order. Data parallel: the whole sequence."""
+        opts = self._options(kw)
+        if self.spans is not None:
+            return self.spans(rank, world_size, seq_local, **opts)
+        full = seq_local * world_size if self.distributed else seq_local
+        return spans_of(self.shard(torch.arange(full)[None], rank, world_size, 1, **opts)[0])
 
     def seq_multiple(self, world_size: int, **kw) -> int:
         return self.multiple(world_size, **self._options(kw))
@@ -109,8 +123,10 @@ class SeqAlgo:
         algo = self
         given = "".join(f", {k}={v!r}" for k, v in kw.items())
         pad_hint = f"easy_context.seq_multiple('{algo.name}', world_size{given})"
+        masks_documents = "documents" in inspect.signature(algo.impl).parameters
 
-        def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None):
+        def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None,
+                 position_ids: torch.Tensor | None = None, documents: Documents | None = None):  # fmt: skip
             if dropout_p:
                 raise NotImplementedError(
                     f"{algo.name}: attention dropout is not supported by easy_context attention; "
@@ -118,13 +134,26 @@ class SeqAlgo:
                 )
             q, k, v = compute_dtype(q, k, v)
             scale = default_scale(q.shape[-1], softmax_scale)
+            world = 1
             if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
                 group = get_sp_group() if group is None else group
-                check_local_shapes(algo.name, q, k, v, group, causal, scale, pad_hint)
+                check_local_shapes(algo.name, q, k, v, group, causal, scale, pad_hint, documents)
+                world = torch.distributed.get_world_size(group)
             else:
                 check_shapes(q, k, v, causal=False)
+            if documents is None and position_ids is not None:  # one all-gather per position_ids tensor (cached)
+                documents = local_documents(algo.name, position_ids, group, **opts)
             kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
-            return algo.impl(q, k, v, kern, scale, causal, group, **opts)
+            if documents is None:
+                return algo.impl(q, k, v, kern, scale, causal, group, **opts)
+            documents.check(algo.name, q.shape[1] * world, q.shape[0])
+            if not masks_documents:
+                raise NotImplementedError(
+                    f"{algo.name}: this backend does not implement document masking (packed documents: position_ids "
+                    "that restart inside a row); use one of zigzag_ring_attn, dist_flash_attn, ulysses_attn, "
+                    "usp_attn, data_parallel"
+                )
+            return algo.impl(q, k, v, kern, scale, causal, group, documents=documents, **opts)
 
         attn.__name__ = f"{algo.name}_attn"
         attn.__doc__ = inspect.getdoc(algo.impl)

@@ -40,17 +40,21 @@ def local_input_error(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return None
 
 
-def _signature(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, ok: bool) -> list[int]:
-    """Fixed-length int64 summary: ok, q shape, k shape (padded to 4 dims), dtype, causal, scale's bits."""
+def _signature(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, ok: bool, documents=None) -> list[int]:
+    """Fixed-length int64 summary: ok, q shape, k shape (padded to 4 dims), dtype, causal, scale's bits, documents'
+    hash (0: none; ints and tuples hash the same in every process)."""
     dims = lambda t: [*t.shape[:4], *[-1] * (4 - min(t.dim(), 4))]  # noqa: E731
     scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]  # exact: compared bit for bit
-    return [int(ok), *dims(q), *dims(k), _DTYPE_CODES.get(q.dtype, 9), int(causal), scale_bits]
+    docs = 0 if documents is None else hash((documents.length, documents.starts)) % 2**62 + 1
+    return [int(ok), *dims(q), *dims(k), _DTYPE_CODES.get(q.dtype, 9), int(causal), scale_bits, docs]
 
 
 def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
-                       causal: bool = True, scale: float = 1.0, pad_hint: str | None = None) -> None:  # fmt: skip
+                       causal: bool = True, scale: float = 1.0, pad_hint: str | None = None,
+                       documents=None) -> None:  # fmt: skip
     """Raise a clear ValueError on every rank unless every rank holds valid, equally shaped q/k/v shards and
-    asks for the same attention (``causal``, ``scale``). ``pad_hint``: the ``seq_multiple`` call to suggest."""
+    asks for the same attention (``causal``, ``scale``, ``documents``). ``pad_hint``: the ``seq_multiple`` call to
+    suggest."""
     error = local_input_error(algo, q, k, v)
     world = dist.get_world_size(group)
     if world == 1 or not shape_check_enabled():
@@ -58,7 +62,7 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             raise ValueError(error)
         return
     device = torch.device("cpu") if dist.get_backend(group) == "gloo" else q.device
-    mine = torch.tensor(_signature(q, k, causal, scale, error is None), dtype=torch.int64, device=device)
+    mine = torch.tensor(_signature(q, k, causal, scale, error is None, documents), dtype=torch.int64, device=device)
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     gather(every, mine, group=group)
@@ -77,7 +81,11 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             f"Pad the full sequence with easy_context.pad_to_multiple(x, {hint}) and shard it with "
             "easy_context.extract_local"
         )
-    if len({row[10:] for row in rows}) != 1:
+    if len({row[10:12] for row in rows}) != 1:
         scales = [struct.unpack("<d", struct.pack("<q", row[11]))[0] for row in rows]
         raise ValueError(f"{algo}: every rank must run the same attention; got causal {[bool(r[10]) for r in rows]}, "
                          f"softmax scale {scales}")  # fmt: skip
+    differ = [r for r, row in enumerate(rows) if row[12] != rows[0][12]]
+    if differ:
+        raise ValueError(f"{algo}: every rank must pass the same documents (those of the full sequence); "
+                         f"SP ranks {differ} differ from rank 0")  # fmt: skip

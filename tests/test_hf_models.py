@@ -109,8 +109,9 @@ def bad_input_worker(rank, world, case):
         kwargs["attention_mask"] = torch.tensor([[0] * 4 + [1] * 12])
     if case == "no_positions":
         kwargs = {}
-    if case == "ones_mask":  # an all-ones mask is harmless and accepted
+    if case == "ones_mask":  # an all-ones mask is harmless and accepted (with contiguous positions, sharded)
         kwargs["attention_mask"] = torch.ones(1, 16, dtype=torch.long)
+        kwargs["position_ids"] = ec.extract_local("zigzag_ring_attn", torch.arange(16 * world)[None], rank, world)
     if case == "kv_cache":
         from transformers import DynamicCache
 

@@ -8,15 +8,17 @@
 CLI: ``python -m easy_context.data --dataset SRC --output DIR --seq-length N (--tokenizer T | --train-tokenizer V)``.
 """
 
-from .packing import PackStats, pack_documents
+from .packing import PACK_MODES, PackStats, document_positions, pack_documents
 from .prepare import load_train_dataset, pack_stats, prepare_dataset
 from .random_tokens import RandomTokens, random_source_rows
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
 
 __all__ = [
+    "PACK_MODES",
     "PackStats",
     "RandomTokens",
+    "document_positions",
     "load_documents",
     "load_tokenizer",
     "load_train_dataset",

@@ -2,7 +2,7 @@
 
     python -m easy_context.data --dataset PaulGrahamEssays --output out/pg_1k --seq-length 1024 --train-tokenizer 8000
     python -m easy_context.data --dataset data.jsonl --output out/d_32k --seq-length 32768 --tokenizer PATH \\
-        --long-doc-tokens 32768 --upsample-factor 4
+        --long-doc-tokens 32768 --upsample-factor 4 --pack documents
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 
 from .. import cli
 from .needles import NeedleMix
+from .packing import PACK_MODES
 from .prepare import pack_stats, prepare_dataset
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--needle-digits", type=int, default=7, help="digits of each needle's number")
     p.add_argument("--needles-per-doc", type=int, default=1, help="needles and questions per retrieval row")
+    p.add_argument("--pack", default="concat", choices=list(PACK_MODES),
+                   help="; ".join(f"{k}: {v}" for k, v in PACK_MODES.items()))  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--num-proc", type=int, default=1, help="tokenizer processes")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             num_proc=args.num_proc,
             show_progress=not args.no_progress,
             needles=args.needles,
+            pack=args.pack,
         )
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -105,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.needles.fraction:
         print(f"needle-retrieval rows: {json.loads(ds.info.description).get('needle_rows', 0):,} of {s.rows:,}")
     print(
-        f"rows: {s.rows:,} x {args.seq_length + 1:,} tokens (dropped tail: {s.dropped_tokens:,} tokens) "
+        f"rows: {s.rows:,} x {args.seq_length + 1:,} tokens{' + position_ids' if args.pack == 'documents' else ''} "
+        f"(dropped tail: {s.dropped_tokens:,} tokens) "
         f"-> {args.output}  [{time.perf_counter() - start:.1f} s]"
     )
     return 0

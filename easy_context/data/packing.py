@@ -1,7 +1,10 @@
 """Packing: EOS-terminated documents, optionally length-upsampled and shuffled, cut into fixed-length rows.
 
 Each row has ``seq_length + 1`` tokens: the model reads ``row[:-1]`` and is trained to predict ``row[1:]``.
-Documents flow across row boundaries (no padding, no attention reset); the incomplete tail is dropped.
+Documents flow across row boundaries (no padding); the incomplete tail is dropped. Two packings
+(:data:`PACK_MODES`): ``concat`` rows attend across documents (EasyContext's behaviour); ``documents`` rows come with
+per-token position ids restarting at 0 at each document (:func:`document_positions`), which transformers and
+easy_context's sequence-parallel attention read as document starts (document masking).
 
 Length upsampling follows the long-context data recipe of Fu et al. (2024), "Data Engineering for Scaling Language
 Models to 128K Context": keep the source mixture but over-represent long documents, here by repeating every document
@@ -14,6 +17,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+PACK_MODES = {
+    "concat": "rows of concatenated documents, attention across documents (EasyContext's behaviour)",
+    "documents": "also store position_ids restarting at 0 after each EOS: attention stays inside each document",
+}
+
+
+def document_positions(rows: np.ndarray, eos_id: int) -> np.ndarray:
+    """Position ids (same shape as ``rows`` (rows, length)) for document masking: 0 at each row's start and at every
+    token after an ``eos_id`` (a document start), else the previous position + 1. A document cut by a row boundary
+    continues in the next row from position 0 (it is that row's first document)."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be (rows, length), got shape {rows.shape}")
+    idx = np.broadcast_to(np.arange(rows.shape[1], dtype=np.int64), rows.shape)
+    starts = np.zeros(rows.shape, dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = rows[:, :-1] == eos_id
+    last_start = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
+    return idx - last_start
 
 
 @dataclass

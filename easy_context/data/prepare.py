@@ -12,12 +12,13 @@ import numpy as np
 import torch
 
 from .needles import NeedleMix, mix_retrieval_rows
-from .packing import PackStats, pack_to_array
+from .packing import PACK_MODES, PackStats, document_positions, pack_to_array
 from .random_tokens import RandomTokens, random_source_rows
 from .sources import is_saved_dataset, load_documents, load_saved_dataset
 from .tokenizer import load_tokenizer
 
 INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
 _BATCH = 256
 _HAYSTACK_CHARS = 16_000_000  # text kept in memory as the needle haystack
 
@@ -33,6 +34,7 @@ def prepare_dataset(
     num_proc: int = 1,
     show_progress: bool = True,
     needles: NeedleMix | None = None,
+    pack: str = "concat",
 ):
     """Tokenize ``source`` and pack it into a ``datasets.Dataset`` with one column ``"input_ids"``.
 
@@ -43,7 +45,13 @@ def prepare_dataset(
 
     ``needles``: that share of the rows becomes retrieval rows (:mod:`easy_context.data.needles`), their haystacks
     cut from the source's own text (its first 16 M characters).
+
+    ``pack``: ``"concat"`` (the rows only) or ``"documents"``: a second column ``"position_ids"`` restarting at 0 at
+    each document (after every EOS, and at each row start; :func:`document_positions`), so training masks
+    attention to each document. A needle row's filler text and its needle document are one document there.
     """
+    if pack not in PACK_MODES:
+        raise ValueError(f"pack must be one of {sorted(PACK_MODES)}, got {pack!r}")
     import datasets
     import pyarrow as pa
 
@@ -71,6 +79,10 @@ def prepare_dataset(
         rows, needle_rows = mix_retrieval_rows(rows, haystack, tokenizer, needles, seed)
     row_len = seq_length + 1
     column = pa.FixedSizeListArray.from_arrays(pa.array(rows.astype(np.int32).reshape(-1)), row_len)
+    columns = {INPUT_IDS: column}
+    if pack == "documents":
+        positions = document_positions(rows, eos_id).astype(np.int32).reshape(-1)
+        columns[POSITION_IDS] = pa.FixedSizeListArray.from_arrays(pa.array(positions), row_len)
     meta = {
         "seq_length": seq_length,
         "source": _describe(source),
@@ -80,11 +92,12 @@ def prepare_dataset(
         "long_doc_tokens": long_doc_tokens,
         "upsample_factor": upsample_factor,
         "seed": seed,
+        "pack": pack,
         **dataclasses.asdict(stats),
         "needle_rows": needle_rows,
         **({f"needle_{k}": v for k, v in dataclasses.asdict(needles).items()} if needles else {}),
     }
-    ds = datasets.Dataset(pa.table({INPUT_IDS: column}), info=datasets.DatasetInfo(description=json.dumps(meta)))
+    ds = datasets.Dataset(pa.table(columns), info=datasets.DatasetInfo(description=json.dumps(meta)))
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         with _datasets_progress(show_progress):
@@ -173,18 +186,26 @@ def _describe(source) -> str:
 
 
 class PackedRows(torch.utils.data.Dataset):
-    """A torch view of a prepared ``datasets.Dataset``: item ``i`` is a LongTensor of shape ``(seq_length + 1,)``."""
+    """A torch view of a prepared ``datasets.Dataset``: item ``i`` is a LongTensor of shape ``(seq_length + 1,)``,
+    or, for a dataset packed with documents (a ``"position_ids"`` column), a dict of two such tensors
+    ``{"input_ids", "position_ids"}``."""
 
     def __init__(self, dataset, seq_length: int):
-        self.dataset = dataset.select_columns([INPUT_IDS]).with_format("numpy")
+        self.has_positions = POSITION_IDS in dataset.column_names
+        names = [INPUT_IDS, POSITION_IDS] if self.has_positions else [INPUT_IDS]
+        self.dataset = dataset.select_columns(names).with_format("numpy")
         self.seq_length = seq_length
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        row = np.asarray(self.dataset[int(index)][INPUT_IDS])[: self.seq_length + 1]
-        return torch.from_numpy(row.astype(np.int64))
+    def __getitem__(self, index: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        item = self.dataset[int(index)]
+        row = torch.from_numpy(np.asarray(item[INPUT_IDS])[: self.seq_length + 1].astype(np.int64))
+        if not self.has_positions:
+            return row
+        positions = np.asarray(item[POSITION_IDS])[: self.seq_length + 1].astype(np.int64)
+        return {INPUT_IDS: row, POSITION_IDS: torch.from_numpy(positions)}
 
 
 def load_train_dataset(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..documents import Span
 from ..layout import local_rule
 from ..local_attn import local_attention
 from ..seq_algo import SeqAlgo
@@ -14,6 +15,11 @@ def identity_shard(value: torch.Tensor, rank: int, world_size: int, dim: int = 1
     return value
 
 
+def identity_spans(rank: int, world_size: int, seq_local: int) -> tuple[Span, ...]:
+    """Every rank holds the whole sequence."""
+    return (Span(0, 0, seq_local),)
+
+
 ALGO = SeqAlgo(
     name="data_parallel",
     shard=identity_shard,
@@ -21,6 +27,7 @@ ALGO = SeqAlgo(
     impl=local_attention,
     distributed=False,
     layout_rule=local_rule,
+    spans=identity_spans,
 )
 
-__all__ = ["ALGO", "identity_shard"]
+__all__ = ["ALGO", "identity_shard", "identity_spans"]

@@ -2,7 +2,7 @@
 
 from ..seq_algo import SeqAlgo
 from .attention import dist_backward, dist_flash_attention, dist_forward
-from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_unshard
+from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_spans, contiguous_unshard
 from .schedule import Task, build_schedule, rank_kernel_calls, rank_work
 
 ALGO = SeqAlgo(
@@ -10,6 +10,7 @@ ALGO = SeqAlgo(
     shard=contiguous_shard,
     multiple=contiguous_multiple,
     impl=dist_flash_attention,
+    spans=contiguous_spans,
 )
 
 __all__ = [

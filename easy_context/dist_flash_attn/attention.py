@@ -10,7 +10,9 @@ Forward: a helper attends borrowed queries to its own K/V and returns the partia
 the owner in fp32 (``ForwardAccumulator``). Backward: a helper receives the borrowed queries' q, dout,
 out and lse, adds the dK/dV of its own K/V locally and returns the fp32 partial dq; a rank that borrowed
 K/V returns the fp32 partial dK/dV. Only K/V heads travel (GQA). A half task (even W, distance W/2)
-moves and merges only its query rows (``task_rows``).
+moves and merges only its query rows (``task_rows``). Document masking: each task's block splits into one sub-block
+per shared document (``task_document_blocks``); a helper's partial rows that share no document with its K/V
+come back as (0, -inf) and merge without NaN. Messages are unchanged (every rank runs the same rounds).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch.distributed as dist
 from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..comm import PendingExchange
 from ..distributed_attn import distributed_attention
+from ..documents import Documents
 from ..kernels import AttnKernel
-from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_blocks, task_rows
+from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_document_blocks, task_rows
 
 NAME = "dist_flash_attn"
 Tensors = tuple[torch.Tensor, ...]
@@ -48,9 +51,10 @@ def _count(rows: slice) -> int:
 class ForwardRank:
     """One rank's forward: its shards q (b, s, h, d), k/v (b, s, h_kv, d) and the fp32 (out, lse) of q."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttnKernel, scale: float, causal):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttnKernel, scale: float, causal,
+                 documents: Documents | None = None):  # fmt: skip
         self.q, self.k, self.v = q, k, v
-        self.kernel, self.scale, self.causal = kernel, scale, causal
+        self.kernel, self.scale, self.causal, self.documents = kernel, scale, causal, documents
         self.acc = ForwardAccumulator(q)
         self.inbox: dict[tuple[Task, str], Tensors] = {}
         self.partials: dict[Task, Tensors] = {}
@@ -72,19 +76,19 @@ class ForwardRank:
         return (_empty(_rows_shape(q, n), q.dtype, q), _empty(_lse_shape(q, n), torch.float32, q))
 
     def receive(self, msg: Message, tensors: Tensors) -> None:
-        if msg.what == "out":
-            self.acc.add(task_rows(msg.task, self.q.shape[1]), *tensors)
+        if msg.what == "out":  # under documents a partial may hold rows without keys
+            self.acc.add(task_rows(msg.task, self.q.shape[1]), *tensors, complete=self.documents is None)
         else:
             self.inbox[(msg.task, msg.what)] = tensors
 
     def run(self, task: Task) -> None:
         (q,) = self.inbox.pop((task, "q")) if task.borrows_q else (self.q,)
         k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
-        blocks = task_blocks(task, self.k.shape[1], self.causal)
+        blocks = task_document_blocks(task, self.k.shape[1], self.causal, self.documents, q.shape[0])
         if task.borrows_q:  # helper: a partial result for the query owner
             part = ForwardAccumulator(q)
             forward_blocks(self.kernel, q, k, v, blocks, self.scale, part)
-            self.partials[task] = part.result(q.dtype)
+            self.partials[task] = part.result(q.dtype, require_covered=self.documents is None)
         else:
             forward_blocks(self.kernel, q, k, v, blocks, self.scale, self.acc)
 
@@ -96,9 +100,10 @@ class ForwardRank:
 class BackwardRank:
     """One rank's backward: its shards, the final out/lse of its queries, fp32 dq and dK/dV accumulators."""
 
-    def __init__(self, dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool):
+    def __init__(self, dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool,
+                 documents: Documents | None = None):  # fmt: skip
         self.dout, self.q, self.k, self.v, self.out, self.lse = dout, q, k, v, out, lse
-        self.kernel, self.scale, self.causal = kernel, scale, causal
+        self.kernel, self.scale, self.causal, self.documents = kernel, scale, causal, documents
         self.dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         self.dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
         self.inbox: dict[tuple[Task, str], Tensors] = {}
@@ -141,7 +146,7 @@ class BackwardRank:
         q, dout, out, lse = self.inbox.pop((task, "q")) if task.borrows_q else own_q
         k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if task.borrows_q else self.dq
-        blocks = task_blocks(task, self.k.shape[1], self.causal)
+        blocks = task_document_blocks(task, self.k.shape[1], self.causal, self.documents, q.shape[0])
         kv_grads = backward_blocks(self.kernel, dout, q, k, v, out, lse, blocks, self.scale, dq)
         dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) if task.borrows_kv else self.dkv
         add_kv_grads_(dkv, kv_grads)
@@ -187,28 +192,40 @@ def _drive(prog, world: int, rank: int, peers: list[int], group, causal: bool, b
             prog.receive(msg, tensors)
 
 
-def dist_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group) -> tuple[torch.Tensor, torch.Tensor]:
+def dist_forward(
+    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Local contiguous shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
     world, rank, peers, group = _group_info(group)
-    prog = ForwardRank(q, k, v, kernel, scale, causal)
+    prog = ForwardRank(q, k, v, kernel, scale, causal, documents)
     _drive(prog, world, rank, peers, group, causal, backward=False)
     return prog.result()
 
 
-def dist_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group):
+def dist_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None):
     """(dq, dk, dv) of :func:`dist_forward` given the final out/lse of the local queries."""
     world, rank, peers, group = _group_info(group)
-    prog = BackwardRank(dout, q, k, v, out, lse, kernel, scale, causal)
+    prog = BackwardRank(dout, q, k, v, out, lse, kernel, scale, causal, documents)
     _drive(prog, world, rank, peers, group, causal, backward=True)
     return prog.result()
 
 
-def dist_flash_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
+def dist_flash_attention(
+    q,
+    k,
+    v,
+    kernel: AttnKernel,
+    scale: float,
+    causal: bool,
+    group: dist.ProcessGroup,
+    documents: Documents | None = None,
+):
     """Causal (or full) attention over the contiguously sharded sequence of ``group`` (DistFlashAttn).
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim): rank r's contiguous chunk r
     (``extract_local('dist_flash_attn', ...)``, equal lengths on all ranks); returns q-shaped output.
     Inside a :func:`easy_context.attn_checkpoint.checkpoint_after_attention` layer the recompute reuses
-    the forward's output instead of running attention again.
+    the forward's output instead of running attention again. ``documents``: document masking
+    (:mod:`easy_context.documents`).
     """
-    return distributed_attention(NAME, dist_forward, dist_backward, q, k, v, kernel, scale, causal, group)
+    return distributed_attention(NAME, dist_forward, dist_backward, q, k, v, kernel, scale, causal, group, documents)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ulysses_attn.prepare_inputs import contiguous_multiple, contiguous_shard
+from ..ulysses_attn.prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_spans
 
 
 def contiguous_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
@@ -16,4 +16,4 @@ def contiguous_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor
     return torch.cat(shards, dim=dim)
 
 
-__all__ = ["contiguous_multiple", "contiguous_shard", "contiguous_unshard"]
+__all__ = ["contiguous_multiple", "contiguous_shard", "contiguous_spans", "contiguous_unshard"]

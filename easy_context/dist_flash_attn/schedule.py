@@ -28,6 +28,7 @@ import functools
 from dataclasses import dataclass
 
 from ..blockwise import Block
+from ..documents import Documents, Span, split_blocks
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,26 @@ def task_blocks(task: Task, seq_local: int, causal: bool) -> list[Block]:
         return []
     q_rows = slice(0, n) if task.borrows_q else rows
     return [Block(q_rows, slice(0, seq_local), causal and task.diagonal)]
+
+
+def task_spans(task: Task, seq_local: int) -> tuple[tuple[Span, ...], tuple[Span, ...]]:
+    """Global rows of the runner's query tensor and K/V tensor for ``task`` (chunks of ``seq_local`` rows): its own
+    chunk, or only the borrowed rows (:func:`task_rows`) of the query owner's chunk."""
+    q_first = task.q_owner * seq_local
+    if task.borrows_q:
+        rows = task_rows(task, seq_local)
+        q_spans = (Span(0, q_first + rows.start, rows.stop - rows.start),)
+    else:
+        q_spans = (Span(0, q_first, seq_local),)
+    return q_spans, (Span(0, task.kv_owner * seq_local, seq_local),)
+
+
+def task_document_blocks(task: Task, seq_local: int, causal: bool, documents: Documents | None, batch: int):
+    """:func:`task_blocks` split by ``documents`` (one sub-block per shared document; none when they share none)."""
+    blocks = task_blocks(task, seq_local, causal)
+    if documents is None:
+        return blocks
+    return split_blocks(blocks, *task_spans(task, seq_local), documents, batch)
 
 
 def block_cost(task: Task, causal: bool) -> float:

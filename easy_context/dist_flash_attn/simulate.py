@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..documents import Documents
 from ..kernels import AttnKernel
 from .attention import BackwardRank, ForwardRank
 from .schedule import build_schedule, comm_rounds
@@ -65,13 +66,16 @@ def virtual_forward(
     scale: float,
     causal: bool,
     stats: VirtualStats | None = None,
+    documents: Documents | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-rank contiguous shards q (b, s, h, d), k/v (b, s, h_kv, d) -> per-rank out (b, s, h, d), lse (b, h, s).
 
-    ``stats`` (optional) is filled with per-rank kernel calls and received messages.
+    ``stats`` (optional) is filled with per-rank kernel calls and received messages; ``documents``: document
+    masking of the full sequence.
     """
     kerns = _kernels(kernel, len(qs), stats)
-    progs = [ForwardRank(q, k, v, kern, scale, causal) for q, k, v, kern in zip(qs, ks, vs, kerns, strict=True)]
+    progs = [ForwardRank(q, k, v, kern, scale, causal, documents)
+             for q, k, v, kern in zip(qs, ks, vs, kerns, strict=True)]  # fmt: skip
     _drive_virtual(progs, causal, backward=False, stats=stats)
     results = [p.result() for p in progs]
     return [r[0] for r in results], [r[1] for r in results]
@@ -88,11 +92,12 @@ def virtual_backward(
     scale: float,
     causal: bool,
     stats: VirtualStats | None = None,
+    documents: Documents | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Per-rank (dq, dk, dv) of :func:`virtual_forward` given its outs and lses."""
     kerns = _kernels(kernel, len(qs), stats)
     progs = [
-        BackwardRank(d, q, k, v, o, lse, kern, scale, causal)
+        BackwardRank(d, q, k, v, o, lse, kern, scale, causal, documents)
         for d, q, k, v, o, lse, kern in zip(douts, qs, ks, vs, outs, lses, kerns, strict=True)
     ]
     _drive_virtual(progs, causal, backward=True, stats=stats)

@@ -5,6 +5,12 @@ transformers 5.x calls a registered function as
 (b, h, s, d) (a transposed view), K/V not repeated for GQA and kwargs such as ``position_ids`` and
 ``sliding_window``; it returns ``(out (b, s, h, d), None)``. For a custom name the model builds no mask.
 Features our attention cannot honour raise a clear error instead of computing something else.
+
+Packed documents follow transformers' rule (:mod:`easy_context.documents`): ``position_ids`` that do not increase
+by one inside a row start a new document, and attention stays inside each document. ``position_ids`` here is this
+rank's shard; the documents of the full sequence come from one all-gather per forward (cached on the tensor, which
+every layer receives). Flash-attention's ``cu_seq_lens_q``/``cu_seq_lens_k`` (transformers'
+``DataCollatorWithFlattening``) are accepted too when they describe the full sequence.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..documents import Documents, documents_from_cu_seqlens, local_documents
 from ..groups import get_sp_group
 from ..registry import get_attn_func, get_seq_algo
 
@@ -29,8 +36,9 @@ def check_supported(module: torch.nn.Module, seq_algo: str, query: torch.Tensor,
     """Raise for attention features the SP backends do not implement (never silently wrong attention)."""
     if attention_mask is not None:
         raise NotImplementedError(
-            f"{seq_algo}: an attention mask reached sequence-parallel attention; only plain causal attention "
-            "over one packed sequence is supported (no padding mask: pad at the end with target -100)"
+            f"{seq_algo}: an attention mask reached sequence-parallel attention; only causal attention over packed "
+            "sequences is supported, with documents marked by position_ids that restart at 0 (no padding mask: pad "
+            "at the end with target -100)"
         )
     if dropout:
         raise NotImplementedError(
@@ -51,6 +59,32 @@ def check_supported(module: torch.nn.Module, seq_algo: str, query: torch.Tensor,
         raise NotImplementedError(f"{seq_algo}: output_attentions is not available with sequence parallelism")
 
 
+def _documents(seq_algo: str, options: dict[str, Any], query: torch.Tensor, kwargs) -> Documents | None:
+    """The documents of this call: from ``cu_seq_lens_q`` when transformers passes it, else from ``position_ids``."""
+    position_ids = kwargs.get("position_ids")
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    opts = {k: v for k, v in options.items() if k != "kernel"}
+    docs = None if position_ids is None else local_documents(seq_algo, position_ids, **opts)
+    if cu_q is None:
+        return docs
+    if cu_k is not None and not torch.equal(torch.as_tensor(cu_q).cpu(), torch.as_tensor(cu_k).cpu()):
+        raise NotImplementedError(f"{seq_algo}: cu_seq_lens_q != cu_seq_lens_k (cross-attention) is not supported")
+    full = _full_length(seq_algo, query.shape[2])
+    cu_docs = documents_from_cu_seqlens(cu_q)
+    total = int(torch.as_tensor(cu_q)[-1])
+    if total != full or query.shape[0] != 1:
+        raise ValueError(
+            f"{seq_algo}: cu_seq_lens_q describe {total} tokens in a batch of {query.shape[0]}, but the full sequence "
+            f"has {full} tokens in one row: pass the cumulative document lengths of the whole (global) sequence, or "
+            "only position_ids restarting at each document"
+        )
+    if position_ids is not None and docs != cu_docs:
+        raise ValueError(
+            f"{seq_algo}: cu_seq_lens_q and position_ids describe different documents; pass one or make them agree"
+        )
+    return cu_docs
+
+
 def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
     """The transformers attention function for ``seq_algo`` (``options``: kernel, ring_degree, ...)."""
     attn = get_attn_func(seq_algo, **options)
@@ -67,9 +101,11 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
     ) -> tuple[torch.Tensor, None]:
         check_supported(module, seq_algo, query, attention_mask, dropout, kwargs)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+        documents = _documents(seq_algo, options, query, kwargs)
         out = attn(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal
-        )
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal,
+            documents=documents,
+        )  # fmt: skip
         return out, None
 
     easy_context_attention.__name__ = f"easy_context_{seq_algo}_attention"

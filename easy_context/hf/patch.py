@@ -7,7 +7,9 @@ that type built afterwards are switched at the end of their construction (``PreT
 
 A forward pre-hook on the model guards what the attention function cannot see: a padding
 ``attention_mask`` (transformers drops masks for custom attention names), missing ``position_ids``
-(each rank must pass the global positions of its shard) and KV caches (off for SP).
+(each rank must pass the global positions of its shard) and KV caches (off for SP). An all-ones mask is dropped,
+except next to packed documents: transformers masks documents only without an ``attention_mask`` (with one it
+attends across them), so that combination is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..documents import local_documents
 from ..registry import get_seq_algo
 from .attention import make_hf_attention
 
@@ -37,8 +40,9 @@ def attention_name(seq_algo: str, **options: Any) -> str:
     return name
 
 
-def _guard_inputs(seq_algo: str):
+def _guard_inputs(seq_algo: str, options: dict[str, Any]):
     sharded = get_seq_algo(seq_algo).distributed
+    layout_opts = {k: v for k, v in options.items() if k != "kernel"}
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         names = list(inspect.signature(module.forward).parameters)[: len(args)]
@@ -50,10 +54,17 @@ def _guard_inputs(seq_algo: str):
                 "would drop it silently for custom attention); pack sequences, pad at the end and set those "
                 "targets to -100 (easy_context.pad_seq_parallel_inputs)"
             )
+        position_ids = kwargs.get("position_ids", positional.get("position_ids"))
+        if mask is not None and position_ids is not None and local_documents(seq_algo, position_ids, **layout_opts):
+            raise ValueError(
+                f"{seq_algo}: an attention_mask was passed with position_ids that restart (packed documents); "
+                "transformers masks documents only without an attention_mask (with one it attends across them): "
+                "drop attention_mask to train with document masking, or pass contiguous position_ids"
+            )
         if "attention_mask" in positional:
             args = tuple(None if name == "attention_mask" else a for name, a in zip(names, args))
         kwargs.pop("attention_mask", None)
-        if sharded and kwargs.get("position_ids", positional.get("position_ids")) is None:
+        if sharded and position_ids is None:
             raise ValueError(
                 f"{seq_algo}: pass position_ids: each rank holds a shard of the sequence and needs its global "
                 "positions (easy_context.prepare_seq_parallel_inputs returns local_position_ids)"
@@ -77,7 +88,8 @@ def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> P
         old = getattr(module, "_easy_context_guard", None)
         if old is not None:
             old.remove()
-        module._easy_context_guard = module.register_forward_pre_hook(_guard_inputs(seq_algo), with_kwargs=True)
+        module._easy_context_guard = module.register_forward_pre_hook(_guard_inputs(seq_algo, options),
+                                                                      with_kwargs=True)  # fmt: skip
     return model
 
 

@@ -8,7 +8,8 @@
 All take (b, h, s, d) views of our (b, s, h, d) tensors. Dropout is always 0, so the RNG outputs of the
 forward are never needed: the backward gets scalar placeholders, ``None`` for the absent bias and for the
 cumulative sequence lengths (those mark nested/varlen inputs). Probed on an H200 with torch 2.11:
-cuDNN and flash accept un-repeated GQA K/V; efficient needs them repeated.
+cuDNN and flash accept un-repeated GQA K/V; efficient needs them repeated. cuDNN's backward refuses a 1 x 1 block
+(``s_q = s_kv = 1``: a one-token document under document masking): that block goes to the math kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .base import AttnKernel, repeat_kv, sum_kv_groups
+from .math_ref import math_backward
 
 aten = torch.ops.aten
 
@@ -44,6 +46,8 @@ def cudnn_forward(q, k, v, causal: bool, scale: float):
 
 
 def cudnn_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
+    if q.shape[1] == 1 and k.shape[1] == 1:  # cuDNN refuses s_q = s_kv = 1 (a one-token document's block)
+        return math_backward(dout, q, k, v, out, lse, causal, scale)
     dq, dk, dv = aten._scaled_dot_product_cudnn_attention_backward(
         _bhsd(dout),
         _bhsd(q),

@@ -3,7 +3,7 @@
 from ..layout import ulysses_rule
 from ..seq_algo import SeqAlgo
 from .attention import kv_replication, ulysses_attention, ulysses_wrap
-from .prepare_inputs import contiguous_multiple, contiguous_shard
+from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_spans
 
 ALGO = SeqAlgo(
     name="ulysses_attn",
@@ -11,6 +11,7 @@ ALGO = SeqAlgo(
     multiple=contiguous_multiple,
     impl=ulysses_attention,
     layout_rule=ulysses_rule,
+    spans=contiguous_spans,
 )
 
 __all__ = ["ALGO", "contiguous_multiple", "contiguous_shard", "kv_replication", "ulysses_attention", "ulysses_wrap"]

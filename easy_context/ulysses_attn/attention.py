@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import SeqAllToAll
+from ..documents import Documents
 from ..kernels import AttnKernel
 from ..layout import ulysses_heads
 from ..local_attn import local_attention
@@ -38,9 +39,23 @@ def ulysses_wrap(q, k, v, group: dist.ProcessGroup, inner: Callable[..., torch.T
     return SeqAllToAll.apply(out.contiguous(), 1, 2, group)
 
 
-def ulysses_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
+def ulysses_attention(
+    q,
+    k,
+    v,
+    kernel: AttnKernel,
+    scale: float,
+    causal: bool,
+    group: dist.ProcessGroup,
+    documents: Documents | None = None,
+):
     """Attention over the contiguously sharded sequence of ``group`` via head all-to-all.
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim); returns q-shaped output.
+    ``documents``: document masking (the local call over the full sequence runs one kernel call per document).
     """
-    return ulysses_wrap(q, k, v, group, lambda q_, k_, v_: local_attention(q_, k_, v_, kernel, scale, causal))
+
+    def inner(q_, k_, v_):
+        return local_attention(q_, k_, v_, kernel, scale, causal, documents=documents)
+
+    return ulysses_wrap(q, k, v, group, inner)

@@ -2,7 +2,7 @@
 
 from ..seq_algo import SeqAlgo
 from .attention import usp_attention
-from .prepare_inputs import default_ring_degree, usp_multiple, usp_rule, usp_shard
+from .prepare_inputs import default_ring_degree, usp_multiple, usp_rule, usp_shard, usp_spans
 
 ALGO = SeqAlgo(
     name="usp_attn",
@@ -11,6 +11,7 @@ ALGO = SeqAlgo(
     impl=usp_attention,
     options={"ring_degree": None},
     layout_rule=usp_rule,
+    spans=usp_spans,
 )
 
-__all__ = ["ALGO", "default_ring_degree", "usp_attention", "usp_multiple", "usp_shard"]
+__all__ = ["ALGO", "default_ring_degree", "usp_attention", "usp_multiple", "usp_shard", "usp_spans"]

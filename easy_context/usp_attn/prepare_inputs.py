@@ -11,10 +11,11 @@ import math
 
 import torch
 
+from ..documents import Span, restrict
 from ..groups import check_ring_degree, usp_layout
 from ..layout import ulysses_heads
 from ..ulysses_attn.prepare_inputs import contiguous_shard
-from ..zigzag_ring_attn.prepare_inputs import zigzag_shard
+from ..zigzag_ring_attn.prepare_inputs import zigzag_shard, zigzag_spans
 
 
 def default_ring_degree(world_size: int) -> int:
@@ -43,3 +44,12 @@ def usp_shard(value: torch.Tensor, rank: int, world_size: int, dim: int = 1, rin
     ring_idx, uly_idx = usp_layout(rank, world_size, ring_degree)
     ring_piece = zigzag_shard(value, ring_idx, ring_degree, dim)
     return contiguous_shard(ring_piece, uly_idx, world_size // ring_degree, dim)
+
+
+def usp_spans(rank: int, world_size: int, seq_local: int, ring_degree: int | None = None) -> tuple[Span, ...]:
+    """Global rows of SP rank ``rank``'s local rows: piece u (of U) of the zigzag ring shard of its ring index."""
+    ring_degree = default_ring_degree(world_size) if ring_degree is None else ring_degree
+    ring_idx, uly_idx = usp_layout(rank, world_size, ring_degree)
+    uly = world_size // ring_degree
+    ring_shard = zigzag_spans(ring_idx, ring_degree, seq_local * uly)
+    return restrict(ring_shard, uly_idx * seq_local, seq_local)

@@ -2,7 +2,7 @@
 
 from ..seq_algo import SeqAlgo
 from .attention import ring_backward, ring_forward, zigzag_ring_attention
-from .prepare_inputs import zigzag_multiple, zigzag_shard, zigzag_unshard
+from .prepare_inputs import zigzag_multiple, zigzag_shard, zigzag_spans, zigzag_unshard
 from .schedule import zigzag_blocks
 
 ALGO = SeqAlgo(
@@ -10,6 +10,7 @@ ALGO = SeqAlgo(
     shard=zigzag_shard,
     multiple=zigzag_multiple,
     impl=zigzag_ring_attention,
+    spans=zigzag_spans,
 )
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "zigzag_multiple",
     "zigzag_ring_attention",
     "zigzag_shard",
+    "zigzag_spans",
     "zigzag_unshard",
 ]

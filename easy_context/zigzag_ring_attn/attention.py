@@ -4,6 +4,9 @@ Forward: W steps; step t attends to the K/V of rank (r - t) mod W while the next
 (``batch_isend_irecv`` double buffering); partial results merge in fp32. Only K/V heads travel (GQA).
 Backward: K/V travel again; the dK/dV of each K/V shard travel with it in fp32, picking up every rank's
 contribution, and arrive home after W steps.
+Document masking: each step's blocks split into one sub-block per document shared by the query rows (zigzag
+chunks r, 2W-1-r) and the visiting K/V's rows (chunks src, 2W-1-src); a step sharing no document computes nothing
+(the K/V still travel on).
 """
 
 from __future__ import annotations
@@ -14,8 +17,19 @@ import torch.distributed as dist
 from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..comm import RingExchange
 from ..distributed_attn import distributed_attention
+from ..documents import Documents, split_blocks
 from ..kernels import AttnKernel
+from .prepare_inputs import zigzag_spans
 from .schedule import zigzag_blocks
+
+
+def step_blocks(rank: int, src: int, world: int, q: torch.Tensor, causal: bool, documents: Documents | None):
+    """The blocks rank ``rank`` computes against the K/V of rank ``src`` (split by ``documents`` when given)."""
+    blocks = zigzag_blocks(rank, src, q.shape[1], causal)
+    if documents is None:
+        return blocks
+    s = q.shape[1]
+    return split_blocks(blocks, zigzag_spans(rank, world, s), zigzag_spans(src, world, s), documents, q.shape[0])
 
 
 def _check_local_len(q: torch.Tensor, causal: bool) -> None:
@@ -26,7 +40,9 @@ def _check_local_len(q: torch.Tensor, causal: bool) -> None:
         )
 
 
-def ring_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group) -> tuple[torch.Tensor, torch.Tensor]:
+def ring_forward(
+    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Local zigzag shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
     ring = RingExchange(group)
     world, rank = ring.world_size, ring.rank
@@ -35,13 +51,13 @@ def ring_forward(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group)
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
         src = (rank - step) % world
-        forward_blocks(kernel, q, kv[0], kv[1], zigzag_blocks(rank, src, q.shape[1], causal), scale, acc)
+        forward_blocks(kernel, q, kv[0], kv[1], step_blocks(rank, src, world, q, causal, documents), scale, acc)
         if pending is not None:
             kv = pending.wait()
     return acc.result(q.dtype)
 
 
-def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group):
+def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None):
     """Gradients of :func:`ring_forward`; dK/dV accumulate in fp32 while travelling the ring."""
     ring = RingExchange(group)
     world, rank = ring.world_size, ring.rank
@@ -51,7 +67,7 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     for step in range(world):
         kv_pending = ring.start(kv) if step + 1 < world else None
         src = (rank - step) % world
-        blocks = zigzag_blocks(rank, src, q.shape[1], causal)
+        blocks = step_blocks(rank, src, world, q, causal, documents)
         kv_grads = backward_blocks(kernel, dout, q, kv[0], kv[1], out, lse, blocks, scale, dq)
         # the gradient of this K/V so far (from the ranks it visited before), else a fresh fp32 buffer
         dkv = dkv_pending.wait() if dkv_pending is not None else kv.new_zeros(kv.shape, dtype=torch.float32)
@@ -65,11 +81,23 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
-def zigzag_ring_attention(q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup):
+def zigzag_ring_attention(
+    q,
+    k,
+    v,
+    kernel: AttnKernel,
+    scale: float,
+    causal: bool,
+    group: dist.ProcessGroup,
+    documents: Documents | None = None,
+):
     """Causal (or full) attention over the zigzag-sharded sequence of ``group``.
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim) zigzag shards
-    (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output.
+    (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output. ``documents``: document masking
+    (:mod:`easy_context.documents`).
     """
     _check_local_len(q, causal)
-    return distributed_attention("zigzag_ring_attn", ring_forward, ring_backward, q, k, v, kernel, scale, causal, group)
+    return distributed_attention(
+        "zigzag_ring_attn", ring_forward, ring_backward, q, k, v, kernel, scale, causal, group, documents
+    )
