@@ -191,10 +191,18 @@ def to_host(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> tuple
 
 
 def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(inputs, position_ids or None, targets) of a (batch, seq_length + 1) micro-batch, on the host; a dataset packed
-    with ``--pack documents`` also yields position_ids restarting at each document (attention stays inside it)."""
-    ids, positions = (batch["input_ids"], batch["position_ids"]) if isinstance(batch, dict) else (batch, None)
-    return ids[:, :-1].cpu(), None if positions is None else positions[:, :-1].cpu(), ids[:, 1:].cpu()
+    """(inputs, position_ids or None, targets) of a (batch, seq_length + 1) micro-batch, on the host. A dataset packed
+    with ``--pack documents`` also yields position_ids restarting at each document (attention stays inside it); one
+    with needle rows trained on their answers yields labels (-100: not trained), whose next token is the target."""
+    if not isinstance(batch, dict):
+        return batch[:, :-1].cpu(), None, batch[:, 1:].cpu()
+    positions = batch.get("position_ids")
+    targets = batch.get("labels", batch["input_ids"])
+    return (
+        batch["input_ids"][:, :-1].cpu(),
+        None if positions is None else positions[:, :-1].cpu(),
+        targets[:, 1:].cpu(),
+    )
 
 
 def nonfinite_problem(step: int, loss: float, grad_norm: float | None) -> str | None:

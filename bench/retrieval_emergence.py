@@ -41,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
     p.add_argument("--needle-fraction", type=float, default=1.0)
     p.add_argument("--needles-per-doc", type=int, default=1)
+    p.add_argument("--needle-loss", default="answer", choices=["answer", "all"], help="what retrieval rows train on")
     p.add_argument("--digits", type=int, default=7)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch", type=int, default=16)
@@ -82,7 +83,7 @@ def main(argv=None) -> None:
     text = read_haystack_text(args.haystack)
     haystack = Haystack.from_text(text, tokenizer)
     stream = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-    mix = NeedleMix(args.needle_fraction, args.digits, args.needles_per_doc)
+    mix = NeedleMix(args.needle_fraction, args.digits, args.needles_per_doc, args.needle_loss)
     config = AutoConfig.for_model(
         "llama", vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
@@ -94,15 +95,20 @@ def main(argv=None) -> None:
     rng = random.Random(args.seed)
     row = args.seq_length + 1
 
-    def batch() -> torch.Tensor:
-        rows = []
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, labels): labels are the rows with -100 where a retrieval row does not train."""
+        rows, trained = [], []
         for _ in range(args.batch):
             if rng.random() < mix.fraction:
-                rows.append(retrieval_row(rng, haystack, tokenizer, row, stream, mix))
+                ids, mask = retrieval_row(rng, haystack, tokenizer, row, stream, mix)
             else:
                 begin = rng.randrange(len(stream) - row)
-                rows.append(stream[begin : begin + row])
-        return torch.from_numpy(np.stack(rows)).to(args.device)
+                ids, mask = stream[begin : begin + row], np.ones(row, dtype=bool)
+            rows.append(ids)
+            trained.append(mask)
+        ids = torch.from_numpy(np.stack(rows))
+        labels = ids.masked_fill(~torch.from_numpy(np.stack(trained)), -100)
+        return ids.to(args.device), labels.to(args.device)
 
     lengths = [int(n) for n in args.eval_lengths.split(",")]
     log = open(args.output, "w") if args.output else None
@@ -110,8 +116,8 @@ def main(argv=None) -> None:
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
-        rows = batch()
-        loss = model(rows, labels=rows, use_cache=False).loss
+        rows, labels = batch()
+        loss = model(rows, labels=labels, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -291,8 +291,9 @@ def test_digit_groups_make_number_tokens(tmp_path):
 
 
 def test_needle_rows_are_answerable_documents(tokenizer):
-    """Mixed-in retrieval rows: the share asked for, whole documents ending at the row's end with EOS, and every
-    question's answer is the number its city's needle holds in that row."""
+    """Mixed-in retrieval rows: the share asked for, whole EOS-terminated documents at varying offsets, every
+    question's answer is the number its city's needle holds in that row, and (--needle-loss answer) the labels keep
+    exactly the answers' tokens of a retrieval row and every token of the other rows."""
     import re
 
     from easy_context.data.needles import NeedleMix
@@ -300,24 +301,37 @@ def test_needle_rows_are_answerable_documents(tokenizer):
     docs = [synthetic_text(600, s) for s in range(12)]
     plain = prepare_dataset(docs, tokenizer, 1024, show_progress=False)
     mixed = prepare_dataset(docs, tokenizer, 1024, show_progress=False, needles=NeedleMix(0.5, 5, 3))
-    rows = mixed["input_ids"]
+    rows, labels = mixed["input_ids"], mixed["labels"]
     changed = [i for i, (a, b) in enumerate(zip(plain["input_ids"], rows)) if a != b]
     assert len(rows) == len(plain) and len(changed) == round(0.5 * len(rows))
     assert json.loads(mixed.info.description)["needle_rows"] == len(changed)
-    asked = 0
-    for i in changed:
-        assert len(rows[i]) == 1025 and rows[i][-1] == tokenizer.eos_token_id
-        text = tokenizer.decode(rows[i][:-1])
-        book = text[text.rindex("<book>") :]
+    asked, ends = 0, set()
+    for i in range(len(rows)):
+        if i not in changed:
+            assert labels[i] == rows[i]
+            continue
+        assert len(rows[i]) == 1025
+        text = tokenizer.decode(rows[i])
+        end = text.index("</s>", text.rindex("<book>"))
+        book = text[text.rindex("<book>") : end]
         needles = dict(re.findall(r"The special magic (\w+) number is: (\d{5})\. ", book))
         answers = re.findall(r"Answer: The special magic (\w+) number is: (\d+)\.", book)
         assert answers and 1 <= len(needles) <= 3 and book.endswith(answers[-1][1] + ".")
         for city, number in answers:
             assert needles[city] == number
+        trained = tokenizer.decode([t for t, lab in zip(rows[i], labels[i]) if lab != -100])
+        assert trained == "".join(" " + number for _, number in answers)
+        assert all(lab in (-100, t) for t, lab in zip(rows[i], labels[i]))
+        ends.add(len(rows[i]) - rows[i][::-1].index(tokenizer.eos_token_id))  # where the document ends
         asked += len(answers)
     assert asked > len(changed)  # several questions per document happen
+    assert len(ends) > 1  # the documents sit at varying offsets of their rows
+    everything = prepare_dataset(docs, tokenizer, 1024, show_progress=False, needles=NeedleMix(0.5, 5, 3, "all"))
+    assert "labels" not in everything.column_names and everything["input_ids"] == rows
     with pytest.raises(ValueError, match="cannot hold a needle document"):
         prepare_dataset(docs, tokenizer, 200, show_progress=False, needles=NeedleMix(0.5, 5, 3))
+    with pytest.raises(ValueError, match="needle loss"):
+        NeedleMix(0.5, loss="question")
 
 
 # ----------------------------------------------------------------------------- CLI and fetch.py
@@ -382,3 +396,24 @@ def test_random_tokens_source():
         RandomTokens(0, 64)
     with pytest.raises(ValueError, match="vocabulary size"):
         load_train_dataset("random", None, seq_length=64)
+
+
+def test_needle_labels_reach_train_targets(tokenizer):
+    """A dataset with needle rows trained on their answers yields labels, and train.py makes the targets from them
+    (-100 elsewhere), with the inputs unchanged."""
+    from easy_context.data.needles import NeedleMix
+    from easy_context.data.prepare import PackedRows
+    from train import split_batch
+
+    docs = [synthetic_text(600, s) for s in range(12)]
+    ds = prepare_dataset(docs, tokenizer, 512, show_progress=False, needles=NeedleMix(0.5, 3, 2))
+    rows = PackedRows(ds, 512)
+    batch = torch.utils.data.default_collate([rows[i] for i in range(len(rows))])
+    assert set(batch) == {"input_ids", "labels"}
+    inputs, positions, targets = split_batch(batch)
+    assert positions is None and torch.equal(inputs, batch["input_ids"][:, :-1])
+    assert torch.equal(targets, batch["labels"][:, 1:])
+    masked = (targets == -100).all(dim=1) | (targets != -100).all(dim=1)
+    assert not masked.all() and (targets != -100).any(dim=1).all()  # needle rows train on a few tokens, the rest all
+    plain = split_batch(batch["input_ids"])
+    assert plain[1] is None and torch.equal(plain[2], batch["input_ids"][:, 1:])

@@ -219,3 +219,33 @@ def test_deepspeed_launch_precision_must_match_the_model_dtype():
     runtime = SimpleNamespace(accelerator=launch("no"))
     with pytest.raises(ValueError, match="--mixed_precision bf16"):
         load_eval_model("tiny-llama", runtime, 256, torch.bfloat16)
+
+
+def test_extension_summary_and_figure(tmp_path):
+    """summary.json of a context extension: needle accuracy split at the base length, perplexity per length, both
+    stages, from eval_needle/eval_ppl result files; the figure and the one-line summary."""
+    from easy_context.eval.extension import main
+
+    for stage, hits in (("before", {64: 1, 192: 1, 320: 0, 448: 0}), ("after", {64: 1, 192: 0, 320: 1, 448: 1})):
+        rows = [{"length": n, "depth": d, "sample": 0, "correct": hit} for n, hit in hits.items() for d in (0, 50, 100)]
+        rows[0]["correct"] = 0  # one miss at 64 / depth 0: within = 5/6 before
+        (tmp_path / stage / "needle").mkdir(parents=True)
+        with open(tmp_path / stage / "needle" / "results.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        ppl = {"before": {128: 30.0, 256: 25.0, 512: 400.0}, "after": {128: 31.0, 256: 26.0, 512: 22.0}}[stage]
+        lines = ["model,tokens,ppl,loss"] + [f"m,{n},{p},0" for n, p in ppl.items()]
+        (tmp_path / stage / "ppl.csv").write_text("\n".join(lines) + "\n")
+    code = main(["--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--base-length", "256",
+                 "--target-length", "512", "--seconds", "12.5", "--output", str(tmp_path / "demo")])  # fmt: skip
+    assert code == 0
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["base_length"] == 256 and summary["target_length"] == 512 and summary["seconds"] == 12.5
+    assert summary["before"]["needle_within"] == pytest.approx(5 / 6) and summary["before"]["needle_beyond"] == 0.0
+    assert summary["after"]["needle_within"] == pytest.approx(2 / 6) and summary["after"]["needle_beyond"] == 1.0
+    assert summary["before"]["ppl"] == {"128": 30.0, "256": 25.0, "512": 400.0}
+    assert summary["after"]["ppl"]["512"] == 22.0
+    assert_png(tmp_path / "demo" / "extension.png")
+    assert main(["--before", str(tmp_path / "nowhere"), "--after", str(tmp_path / "after"), "--base-length", "256",
+                 "--target-length", "512", "--output", str(tmp_path / "x")]) == 2  # fmt: skip

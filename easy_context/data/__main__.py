@@ -14,7 +14,7 @@ import sys
 import time
 
 from .. import cli
-from .needles import NeedleMix
+from .needles import LOSSES, NeedleMix
 from .packing import PACK_MODES
 from .prepare import pack_stats, prepare_dataset
 from .sources import load_documents
@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--needle-digits", type=int, default=7, help="digits of each needle's number")
     p.add_argument("--needles-per-doc", type=int, default=1, help="needles and questions per retrieval row")
+    p.add_argument("--needle-loss", default="answer", choices=list(LOSSES),
+                   help="what a retrieval row trains on: its answers only (the rest is context), or all")  # fmt: skip
     p.add_argument("--pack", default="concat", choices=list(PACK_MODES),
                    help="; ".join(f"{k}: {v}" for k, v in PACK_MODES.items()))  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
@@ -65,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.digit_groups and args.train_tokenizer is None:
         p.error("--digit-groups applies to --train-tokenizer (an existing tokenizer keeps its own number splits)")
     try:
-        args.needles = NeedleMix(args.needle_fraction, args.needle_digits, args.needles_per_doc)
+        args.needles = NeedleMix(args.needle_fraction, args.needle_digits, args.needles_per_doc, args.needle_loss)
     except ValueError as exc:
         p.error(str(exc))
     return args

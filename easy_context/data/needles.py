@@ -3,9 +3,17 @@
 A needle document is ``PREFIX + haystack sentences with needles between them + SUFFIX + ANSWER`` (the templates of
 :mod:`easy_context.eval.needle`), with 1..``max_needles`` needles of different cities; the first question is the
 eval's, every further one asks for another needle's number in the same words. A retrieval row holds one such
-document, EOS-terminated and ending exactly at the row's end, after a run of ordinary text that fills the row, so
-no document is cut by the packing. The haystack budget is drawn uniformly up to what the row leaves, so needles sit
-at every distance the row length allows.
+document, EOS-terminated, at a random offset between runs of ordinary text, so questions end at every position
+of the row (a document always at the row's end teaches a tiny model a position, not a lookup). The haystack
+budget is drawn uniformly up to what the row leaves, so needles sit at every distance the row length allows.
+
+What a retrieval row trains on (``NeedleMix.loss``):
+    ``"answer"`` (default): only the answers' tokens (the space and the number after each question); the rest of
+        the row is context, as in supervised fine-tuning. Measured (docs/benchmarks.md, issue 13): with the loss on
+        every token, a tiny Llama (hidden 128, 4 layers) trained on 65M tokens of essays + needles never retrieves
+        (its answers stay at chance) while the essays' own loss drowns the few answer tokens; with the loss on the
+        answers only, the same model retrieves.
+    ``"all"``: every token, like the ordinary rows.
 """
 
 from __future__ import annotations
@@ -20,15 +28,17 @@ from ..eval.needle import ANSWER, CITIES, NEEDLE, PREFIX, QUESTION, SUFFIX, rand
 
 FOLLOW_UP = "\nQuestion: {question} Answer: The special magic {city} number is:"
 MIN_HAYSTACK_TOKENS = 8
+LOSSES = ("answer", "all")
 
 
 @dataclass(frozen=True)
 class NeedleMix:
-    """Which share of the rows become retrieval rows, and what their needles look like."""
+    """Which share of the rows become retrieval rows, what their needles look like, and what they train on."""
 
     fraction: float  # of the packed rows, 0..1
     digits: int = 7  # of each needle's number (the eval's --rnd_number_digits)
     max_needles: int = 1  # needles, and questions, per document (1..len(CITIES))
+    loss: str = "answer"  # "answer": a retrieval row trains on its answers only; "all": on every token
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
@@ -37,6 +47,8 @@ class NeedleMix:
             raise ValueError(f"needle digits must be >= 1, got {self.digits}")
         if not 1 <= self.max_needles <= len(CITIES):
             raise ValueError(f"needles per document must be in 1..{len(CITIES)}, got {self.max_needles}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"needle loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
 
 
 def draw_needles(rng: random.Random, mix: NeedleMix) -> list[tuple[str, str]]:
@@ -45,8 +57,11 @@ def draw_needles(rng: random.Random, mix: NeedleMix) -> list[tuple[str, str]]:
     return [(city, random_number(rng, mix.digits)) for city in cities]
 
 
-def needle_text(rng: random.Random, sentences: list[str], needles: list[tuple[str, str]]) -> str:
-    """One needle document over ``sentences`` (the haystack), ending with the last answer and a period.
+def needle_text(
+    rng: random.Random, sentences: list[str], needles: list[tuple[str, str]]
+) -> tuple[str, list[tuple[int, int]]]:
+    """One needle document over ``sentences`` (the haystack), ending with the last answer and a period, and the
+    character spans of its answers (``" <number>"`` after each question).
 
     Each needle goes to a random sentence boundary; the questions come in random order."""
     count = len(needles)
@@ -59,18 +74,36 @@ def needle_text(rng: random.Random, sentences: list[str], needles: list[tuple[st
         pieces += [NEEDLE.format(city=cities[i], number=numbers[i]) + " " for i in at.get(j, [])]
         if j < len(sentences):
             pieces.append(sentences[j])
-    order = rng.sample(range(count), count)
-    for n, i in enumerate(order):
+    size = sum(map(len, pieces))
+    spans = []
+    for n, i in enumerate(rng.sample(range(count), count)):
         template = SUFFIX if n == 0 else FOLLOW_UP
-        pieces.append(template.format(question=QUESTION.format(city=cities[i]), city=cities[i]))
-        pieces.append(ANSWER.format(number=numbers[i]) + ".")
-    return "".join(pieces)
+        question = template.format(question=QUESTION.format(city=cities[i]), city=cities[i])
+        answer = ANSWER.format(number=numbers[i])
+        spans.append((size + len(question), size + len(question) + len(answer)))
+        pieces += [question, answer + "."]
+        size += len(question) + len(answer) + 1
+    return "".join(pieces), spans
+
+
+def _encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+    """Token ids of ``text`` and, per token, whether it lies inside one of ``spans`` (the answers)."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError as e:  # slow (Python) tokenizers have no offsets
+        raise ValueError(
+            "needle rows with --needle-loss answer need a fast tokenizer (offsets); use a tokenizers-backed one "
+            "or --needle-loss all"
+        ) from e
+    inside = [end > start and any(a <= start and end <= b for a, b in spans) for start, end in enc["offset_mapping"]]
+    return enc["input_ids"], inside
 
 
 def retrieval_row(
     rng: random.Random, haystack: Haystack, tokenizer, row_length: int, filler: np.ndarray, mix: NeedleMix
-) -> np.ndarray:
-    """``(row_length,)`` int64 ids: ordinary text from ``filler`` (a token stream), then one needle document + EOS.
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(row_length,)`` int64 ids — ordinary text from ``filler`` (a token stream), one needle document + EOS at a
+    random offset, ordinary text again — and ``(row_length,)`` bool: which tokens the row trains on.
 
     The haystack is a run of ``haystack``'s sentences from a random start, its token budget uniform in
     ``[MIN_HAYSTACK_TOKENS, room]`` where ``room`` is what the row leaves after the document's own words.
@@ -78,12 +111,13 @@ def retrieval_row(
     eos = tokenizer.eos_token_id
     needles = draw_needles(rng, mix)
 
-    def encode(sentences: list[str], draws: random.Random = rng) -> list[int]:
-        return tokenizer(needle_text(draws, sentences, needles), add_special_tokens=False)["input_ids"] + [eos]
+    def encode(sentences: list[str], draws: random.Random = rng) -> tuple[list[int], list[bool]]:
+        ids, answer = _encode(tokenizer, *needle_text(draws, sentences, needles))
+        return ids + [eos], answer + [False]
 
     probe = random.Random()
     probe.setstate(rng.getstate())
-    overhead = len(encode([], probe))  # the document's own words: templates, needles, questions, answers
+    overhead = len(encode([], probe)[0])  # the document's own words: templates, needles, questions, answers
     room = row_length - overhead
     if room < MIN_HAYSTACK_TOKENS:
         raise ValueError(
@@ -95,33 +129,49 @@ def retrieval_row(
     start = rng.randrange(len(haystack.sentences))
     end = int(np.searchsorted(cumulative, cumulative[start] + budget, side="right")) - 1
     sentences = list(haystack.sentences[start:end])
-    ids = encode(sentences)
+    state = rng.getstate()
+    ids, answer = encode(sentences)
     while len(ids) > row_length and sentences:  # joined text can tokenize longer than its parts: trim
         sentences.pop()
-        ids = encode(sentences)
-    ids = ids[-row_length:]
+        rng.setstate(state)
+        ids, answer = encode(sentences)
+    ids, answer = ids[-row_length:], answer[-row_length:]
     fill = row_length - len(ids)
-    begin = rng.randrange(max(1, len(filler) - fill))
-    text = filler[begin : begin + fill]
-    if len(text) < fill:  # a stream shorter than the row: repeat it
-        text = np.resize(filler, fill)
-    return np.concatenate([np.asarray(text, dtype=np.int64), np.asarray(ids, dtype=np.int64)])
+    before = rng.randint(0, fill)
+    text = [_stream(rng, filler, n) for n in (before, fill - before)]
+    trained = np.zeros(row_length, dtype=bool)
+    trained[before : before + len(ids)] = answer
+    if mix.loss == "all":
+        trained[:] = True
+    row = np.concatenate([text[0], np.asarray(ids, dtype=np.int64), text[1]])
+    return row, trained
+
+
+def _stream(rng: random.Random, filler: np.ndarray, count: int) -> np.ndarray:
+    """``count`` consecutive tokens of ``filler`` from a random start (repeated when it is shorter)."""
+    begin = rng.randrange(max(1, len(filler) - count))
+    text = filler[begin : begin + count]
+    if len(text) < count:
+        text = np.resize(filler, count)
+    return np.asarray(text, dtype=np.int64)
 
 
 def mix_retrieval_rows(
     rows: np.ndarray, haystack: Haystack, tokenizer, mix: NeedleMix, seed: int | None = 0
-) -> tuple[np.ndarray, int]:
+) -> tuple[np.ndarray, np.ndarray | None, int]:
     """Replace ``round(mix.fraction * len(rows))`` random rows of ``rows`` (rows, row_length) with retrieval rows.
 
-    The filler text comes from ``rows`` themselves. Returns the new array and how many rows were replaced.
+    The filler text comes from ``rows`` themselves. Returns the new array, a bool array of the same shape saying
+    which tokens are trained on (None when every one is), and how many rows were replaced.
     """
     count = round(mix.fraction * len(rows))
     if count == 0:
-        return rows, 0
+        return rows, None, 0
     rng = random.Random(f"needles:{seed}")
     chosen = rng.sample(range(len(rows)), count)
     filler = rows.reshape(-1)
     out = rows.copy()
+    trained = np.ones(rows.shape, dtype=bool)
     for index in chosen:
-        out[index] = retrieval_row(rng, haystack, tokenizer, rows.shape[1], filler, mix)
-    return out, count
+        out[index], trained[index] = retrieval_row(rng, haystack, tokenizer, rows.shape[1], filler, mix)
+    return out, (None if trained.all() else trained), count

@@ -19,6 +19,7 @@ from .tokenizer import load_tokenizer
 
 INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
+LABELS = "labels"  # the row's ids with -100 where it is not trained on (needle rows with --needle-loss answer)
 _BATCH = 256
 _HAYSTACK_CHARS = 16_000_000  # text kept in memory as the needle haystack
 
@@ -71,18 +72,21 @@ def prepare_dataset(
             f"{_describe(source)} has {stats.packed_tokens} tokens, fewer than one row of seq_length + 1 = "
             f"{seq_length + 1}; use a smaller seq_length or more text"
         )
-    needle_rows = 0
+    needle_rows, trained = 0, None
     if kept:
         from ..eval.haystack import Haystack
 
         haystack = Haystack.from_text("\n\n".join(kept), tokenizer)
-        rows, needle_rows = mix_retrieval_rows(rows, haystack, tokenizer, needles, seed)
+        rows, trained, needle_rows = mix_retrieval_rows(rows, haystack, tokenizer, needles, seed)
     row_len = seq_length + 1
     column = pa.FixedSizeListArray.from_arrays(pa.array(rows.astype(np.int32).reshape(-1)), row_len)
     columns = {INPUT_IDS: column}
     if pack == "documents":
         positions = document_positions(rows, eos_id).astype(np.int32).reshape(-1)
         columns[POSITION_IDS] = pa.FixedSizeListArray.from_arrays(pa.array(positions), row_len)
+    if trained is not None:
+        labels = np.where(trained, rows, -100).astype(np.int32).reshape(-1)
+        columns[LABELS] = pa.FixedSizeListArray.from_arrays(pa.array(labels), row_len)
     meta = {
         "seq_length": seq_length,
         "source": _describe(source),
@@ -187,13 +191,13 @@ def _describe(source) -> str:
 
 class PackedRows(torch.utils.data.Dataset):
     """A torch view of a prepared ``datasets.Dataset``: item ``i`` is a LongTensor of shape ``(seq_length + 1,)``,
-    or, for a dataset packed with documents (a ``"position_ids"`` column), a dict of two such tensors
-    ``{"input_ids", "position_ids"}``."""
+    or, for a dataset with more columns (``"position_ids"`` from ``--pack documents``, ``"labels"`` from needle rows
+    trained on their answers), a dict of such tensors keyed by column (``"input_ids"`` and those present)."""
 
     def __init__(self, dataset, seq_length: int):
-        self.has_positions = POSITION_IDS in dataset.column_names
-        names = [INPUT_IDS, POSITION_IDS] if self.has_positions else [INPUT_IDS]
-        self.dataset = dataset.select_columns(names).with_format("numpy")
+        self.names = [n for n in (INPUT_IDS, POSITION_IDS, LABELS) if n in dataset.column_names]
+        self.has_positions = POSITION_IDS in self.names
+        self.dataset = dataset.select_columns(self.names).with_format("numpy")
         self.seq_length = seq_length
 
     def __len__(self) -> int:
@@ -201,11 +205,8 @@ class PackedRows(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor | dict[str, torch.Tensor]:
         item = self.dataset[int(index)]
-        row = torch.from_numpy(np.asarray(item[INPUT_IDS])[: self.seq_length + 1].astype(np.int64))
-        if not self.has_positions:
-            return row
-        positions = np.asarray(item[POSITION_IDS])[: self.seq_length + 1].astype(np.int64)
-        return {INPUT_IDS: row, POSITION_IDS: torch.from_numpy(positions)}
+        columns = {n: torch.from_numpy(np.asarray(item[n])[: self.seq_length + 1].astype(np.int64)) for n in self.names}
+        return columns[INPUT_IDS] if len(columns) == 1 else columns
 
 
 def load_train_dataset(

@@ -26,8 +26,9 @@ def _save(fig, path: str) -> str:
     return path
 
 
-def needle_heatmap(rows: Sequence[Mapping], path: str, title: str | None = None, key: str = "correct") -> str:
-    """Save the mean of ``key`` per cell as a heatmap (x: token limit, y: depth percent, 0 at the top); returns path."""
+def _heatmap(fig, ax, rows: Sequence[Mapping], key: str = "correct", mark_length: int | None = None) -> float:
+    """Draw the mean of ``key`` per cell on ``ax`` (x: token limit, y: depth percent, 0 at the top); a dashed line
+    after the last length <= ``mark_length``. Returns the mean score."""
     scores = cell_scores(list(rows), key)
     if not scores:
         raise ValueError("no needle results to plot")
@@ -36,8 +37,6 @@ def needle_heatmap(rows: Sequence[Mapping], path: str, title: str | None = None,
     grid = np.full((len(depths), len(lengths)), np.nan)
     for (depth, length), value in scores.items():
         grid[depths.index(depth), lengths.index(length)] = value
-
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(lengths) + 3), max(4.0, 0.45 * len(depths) + 2)))
     image = ax.imshow(grid, cmap=SCORE_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="Score")
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45, ha="right")
@@ -49,19 +48,24 @@ def needle_heatmap(rows: Sequence[Mapping], path: str, title: str | None = None,
             for j in range(len(lengths)):
                 if not np.isnan(grid[i, j]):
                     ax.text(j, i, f"{grid[i, j]:.2g}", ha="center", va="center", fontsize=8, color="black")
-    mean = float(np.nanmean(grid))
+    inside = [n for n in lengths if mark_length is not None and n <= mark_length]
+    if inside and len(inside) < len(lengths):
+        ax.axvline(len(inside) - 0.5, color="black", linestyle="--", linewidth=1.5)
+    return float(np.nanmean(grid))
+
+
+def needle_heatmap(rows: Sequence[Mapping], path: str, title: str | None = None, key: str = "correct") -> str:
+    """Save the mean of ``key`` per cell as a heatmap (x: token limit, y: depth percent, 0 at the top); returns path."""
+    cells = len(cell_scores(list(rows), key)) or 1
+    lengths = len({int(r["length"]) for r in rows}) or 1
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * lengths + 3), max(4.0, 0.45 * (cells // lengths) + 2)))
+    mean = _heatmap(fig, ax, rows, key)
     ax.set_title(f"{title + ': ' if title else ''}needle retrieval (mean {mean:.2f})")
     fig.tight_layout()
     return _save(fig, path)
 
 
-def ppl_plot(
-    series: Mapping[str, Sequence[tuple[int, float]]], path: str, title: str | None = None, log_y: bool = False
-) -> str:
-    """Save perplexity vs context length, one line per label of ``series`` ({label: [(tokens, ppl), ...]})."""
-    if not series:
-        raise ValueError("no perplexity results to plot")
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+def _ppl_axes(ax, series: Mapping[str, Sequence[tuple[int, float]]], log_y: bool) -> None:
     ticks: set[int] = set()
     for label, points in series.items():
         points = sorted(points)
@@ -75,8 +79,39 @@ def ppl_plot(
         ax.set_yscale("log")
     ax.set_xlabel("Context length (tokens)")
     ax.set_ylabel("Perplexity")
-    ax.set_title(title or "Perplexity vs context length")
     ax.grid(True, alpha=0.3)
+
+
+def extension_figure(
+    before: Sequence[Mapping],
+    after: Sequence[Mapping],
+    ppl: Mapping[str, Sequence[tuple[int, float]]],
+    base_length: int,
+    path: str,
+) -> str:
+    """One figure of a context extension: needle heatmaps before | after, perplexity vs length of both models,
+    the base (training) length marked in each panel; returns path."""
+    fig, axes = plt.subplots(1, 3, figsize=(19, 5), gridspec_kw={"width_ratios": [1.15, 1.15, 1]})
+    for ax, rows, name in ((axes[0], before, "before"), (axes[1], after, "after")):
+        mean = _heatmap(fig, ax, rows, mark_length=base_length)
+        ax.set_title(f"{name} extension: needle retrieval (mean {mean:.2f})")
+    _ppl_axes(axes[2], ppl, log_y=True)
+    axes[2].axvline(base_length, color="black", linestyle="--", linewidth=1.5, label=f"base length {base_length}")
+    axes[2].set_title("Perplexity vs context length")
+    axes[2].legend()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def ppl_plot(
+    series: Mapping[str, Sequence[tuple[int, float]]], path: str, title: str | None = None, log_y: bool = False
+) -> str:
+    """Save perplexity vs context length, one line per label of ``series`` ({label: [(tokens, ppl), ...]})."""
+    if not series:
+        raise ValueError("no perplexity results to plot")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    _ppl_axes(ax, series, log_y)
+    ax.set_title(title or "Perplexity vs context length")
     ax.legend()
     fig.tight_layout()
     return _save(fig, path)
