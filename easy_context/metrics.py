@@ -41,7 +41,7 @@ class MetricsLogger:
         self.peak_total = None if peak is None else peak * accelerator.num_processes
         self.tokens_per_step = tokens_per_step
         self.tokens = 0
-        self.last = time.perf_counter()
+        self.last, self.last_step = time.perf_counter(), start_step
         if accelerator.is_main_process:
             os.makedirs(output_dir, exist_ok=True)
             self._truncate(start_step)
@@ -65,13 +65,14 @@ class MetricsLogger:
     def log(self, step: int, loss: float, lr: float, skipped_steps: int) -> dict:
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
+        steps, self.last_step = step - self.last_step, step  # since the previous row (--log-every N: N steps)
         self.tokens = step * self.tokens_per_step
         row = {
             "step": step,
             "loss": loss,
             "lr": lr,
             "tokens": self.tokens,
-            "tokens_per_s": self.tokens_per_step / max(elapsed, 1e-9),
+            "tokens_per_s": steps * self.tokens_per_step / max(elapsed, 1e-9),
             "peak_mem_bytes": peak_memory_bytes(self.accelerator.device),
             "peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,  # this process
             "skipped_steps": skipped_steps,

@@ -161,3 +161,22 @@ def test_saved_random_init_model_uses_its_tokenizers_special_ids(data_dir, tmp_p
         saved = json.loads((out / name).read_text())
         assert (saved["bos_token_id"], saved["eos_token_id"]) == (tok.bos_token_id, tok.eos_token_id), name
     assert json.loads((out / "config.json").read_text())["pad_token_id"] == tok.pad_token_id
+
+
+def test_tokens_per_second_counts_every_step_since_the_last_row(tmp_path, monkeypatch):
+    """With --log-every N a metrics row covers N steps: tokens/s is N * tokens_per_step over their time."""
+    import types
+
+    from transformers import LlamaConfig
+
+    from easy_context import metrics
+
+    clock = iter([0.0, 10.0, 15.0])
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    accelerator = types.SimpleNamespace(device=torch.device("cpu"), num_processes=1, is_main_process=True,
+                                        log=lambda *a, **k: None)  # fmt: skip
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=100)  # fmt: skip
+    logger = metrics.MetricsLogger(accelerator, str(tmp_path), config, 32, tokens_per_step=1000, start_step=0)
+    assert logger.log(50, 1.0, 1e-3, 0)["tokens_per_s"] == pytest.approx(50 * 1000 / 10.0)
+    assert logger.log(60, 1.0, 1e-3, 0)["tokens_per_s"] == pytest.approx(10 * 1000 / 5.0)
