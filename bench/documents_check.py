@@ -111,18 +111,7 @@ def time_schedules(kernel_name, device, dtype, seq, world, heads, kv_heads, d, s
     kern = get_kernel(kernel_name, device, dtype, d)
     scale = d**-0.5
 
-    def timed(fn, reps=3):
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
+    from attention import timed  # bench/attention.py: median seconds with CUDA events
 
     out = {}
     for algo, sim in (("zigzag_ring_attn", zigzag_sim), ("dist_flash_attn", dist_flash_sim)):
@@ -132,9 +121,9 @@ def time_schedules(kernel_name, device, dtype, seq, world, heads, kv_heads, d, s
             o, lse = sim.virtual_forward(qs, ks, vs, kern, scale, True, documents=docs)
             sim.virtual_backward(ds, qs, ks, vs, o, lse, kern, scale, True, documents=docs)
 
-        base = timed(lambda: run(None))
+        base = timed(lambda: run(None), warmup=1, reps=3)
         with_docs = [timed(lambda s=s: run(documents_of(length_mix(seq, random.Random(s), 0.03, 1000,
-                                                                   (16384, 65536)))))
+                                                                   (16384, 65536)))), warmup=1, reps=3)
                      for s in range(seeds)]  # fmt: skip
         out[algo] = {"one_document_s": base, "documents_s": statistics.mean(with_docs)}
         docs_s = out[algo]["documents_s"]
