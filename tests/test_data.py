@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -417,3 +418,24 @@ def test_needle_labels_reach_train_targets(tokenizer):
     assert not masked.all() and (targets != -100).any(dim=1).all()  # needle rows train on a few tokens, the rest all
     plain = split_batch(batch["input_ids"])
     assert plain[1] is None and torch.equal(plain[2], batch["input_ids"][:, 1:])
+
+
+def test_repeat_packs_other_rows_and_fresh_needles(tokenizer):
+    """--repeat K: K copies of the source in other document orders (rows with other boundaries, not the same rows
+    again), shuffled together, and needle rows that are all different."""
+    from easy_context.data.needles import NeedleMix
+
+    docs = [synthetic_text(300, s) for s in range(12)]
+    once = prepare_dataset(docs, tokenizer, 256, show_progress=False)
+    thrice = prepare_dataset(docs, tokenizer, 256, show_progress=False, repeat=3)
+    assert len(thrice) == 3 * len(once) and json.loads(thrice.info.description)["rows"] == len(thrice)
+    rows = [tuple(r) for r in thrice["input_ids"]]
+    assert len(set(rows)) > 2.5 * len(once)  # mostly new boundaries, not copies
+    assert sorted(np.concatenate(thrice["input_ids"][: len(once)]).tolist()) != sorted(
+        np.concatenate(once["input_ids"]).tolist()
+    )  # the copies are interleaved at random
+    mixed = prepare_dataset(docs, tokenizer, 256, show_progress=False, repeat=3, needles=NeedleMix(0.5, 3))
+    needle_rows = [tuple(r) for r, lab in zip(mixed["input_ids"], mixed["labels"]) if -100 in lab]
+    assert len(needle_rows) == round(0.5 * len(mixed)) and len(set(needle_rows)) == len(needle_rows)
+    with pytest.raises(ValueError, match="repeat"):
+        prepare_dataset(docs, tokenizer, 256, show_progress=False, repeat=0)

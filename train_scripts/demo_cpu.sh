@@ -11,8 +11,8 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-out/demo}
 BASE=${BASE:-256}              # base training length (tokens)
 TARGET=${TARGET:-2048}         # extension length (tokens)
-BASE_STEPS=${BASE_STEPS:-2500} # optimizer steps of the base model (16 rows of BASE tokens each)
-EXT_STEPS=${EXT_STEPS:-60}     # optimizer steps of the extension (2 rows of TARGET tokens each)
+BASE_STEPS=${BASE_STEPS:-5000} # optimizer steps of the base model (16 rows of BASE tokens each)
+EXT_STEPS=${EXT_STEPS:-300}    # optimizer steps of the extension (2 rows of TARGET tokens each)
 THETA=${THETA:-200000}         # RoPE base of the extended model (the base model trains with 10000)
 SAMPLES=${SAMPLES:-2}          # needles per heatmap cell
 SEED=${SEED:-0}
@@ -30,7 +30,8 @@ evaluate() {  # $1 model dir, $2 output dir
 $PY PaulGrahamEssays/fetch.py
 # 1. base model at BASE tokens: half the rows are needle documents with 3-digit numbers (one token each)
 $PY -m easy_context.data --dataset PaulGrahamEssays --output "$OUT/base_data" --seq-length "$BASE" \
-    --train-tokenizer 4000 --digit-groups 3 --needle-fraction 0.5 --needle-digits 3 --seed "$SEED" --no-progress
+    --train-tokenizer 4000 --digit-groups 3 --needle-fraction 0.5 --needle-digits 3 --repeat 60 --seed "$SEED" \
+    --no-progress
 $LAUNCH train.py --model tiny-llama-tied --tokenizer "$OUT/base_data/tokenizer" \
     --dataset "$OUT/base_data" --output-dir "$OUT/base" --seq-length "$BASE" --batch-size 8 \
     --gradient-accumulate-every 1 --max-train-steps "$BASE_STEPS" --learning-rate 3e-3 --warmup-steps 50 \
@@ -40,7 +41,7 @@ $LAUNCH train.py --model tiny-llama-tied --tokenizer "$OUT/base_data/tokenizer" 
 evaluate "$OUT/base" "$OUT/before"
 # 3. extend to TARGET tokens with 2-process zigzag ring attention (each sequence split over both processes)
 $PY -m easy_context.data --dataset PaulGrahamEssays --tokenizer "$OUT/base_data/tokenizer" \
-    --output "$OUT/long_data" --seq-length "$TARGET" --needle-fraction 0.5 --needle-digits 3 --seed "$SEED" \
+    --output "$OUT/long_data" --seq-length "$TARGET" --needle-fraction 0.5 --needle-digits 3 --repeat 8 --seed "$SEED" \
     --no-progress
 $LAUNCH train.py --model "$OUT/base" --dataset "$OUT/long_data" --output-dir "$OUT/extended" \
     --seq-length "$TARGET" --batch-size 1 --gradient-accumulate-every 2 --max-train-steps "$EXT_STEPS" \

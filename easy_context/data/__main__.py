@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--long-doc-tokens", type=int, default=None, help="documents with >= T tokens count as long")
     p.add_argument("--upsample-factor", type=int, default=1, help="repeat long documents K times")
+    p.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="pack the source K times, each in another document order (epochs with other row boundaries "
+                        "and fresh needle rows)")  # fmt: skip
     p.add_argument(
         "--needle-fraction",
         type=float,
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             output_dir=args.output,
             long_doc_tokens=args.long_doc_tokens,
             upsample_factor=args.upsample_factor,
+            repeat=args.repeat,
             seed=args.seed,
             num_proc=args.num_proc,
             show_progress=not args.no_progress,

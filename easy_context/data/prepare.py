@@ -36,6 +36,7 @@ def prepare_dataset(
     show_progress: bool = True,
     needles: NeedleMix | None = None,
     pack: str = "concat",
+    repeat: int = 1,
 ):
     """Tokenize ``source`` and pack it into a ``datasets.Dataset`` with one column ``"input_ids"``.
 
@@ -50,7 +51,14 @@ def prepare_dataset(
     ``pack``: ``"concat"`` (the rows only) or ``"documents"``: a second column ``"position_ids"`` restarting at 0 at
     each document (after every EOS, and at each row start; :func:`document_positions`), so training masks
     attention to each document. A needle row's filler text and its needle document are one document there.
+
+    ``repeat``: the source is packed that many times, each in another document order (``seed + i``), so the rows of
+    a multi-epoch run differ in their boundaries (measured: a tiny model trained 68 epochs over the same 710 rows
+    memorised each row by its position and scored perplexity 50K on the essays it had learnt), and every copy gets
+    its own, fresh needle rows.
     """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
     if pack not in PACK_MODES:
         raise ValueError(f"pack must be one of {sorted(PACK_MODES)}, got {pack!r}")
     import datasets
@@ -66,7 +74,16 @@ def prepare_dataset(
     if needles is not None and needles.fraction > 0:
         documents = _keep_text(documents, kept, _HAYSTACK_CHARS)
     token_lists = tokenize_documents(documents, tokenizer, num_proc=num_proc, show_progress=show_progress)
-    rows, stats = pack_to_array(token_lists, seq_length, eos_id, long_doc_tokens, upsample_factor, seed)
+    if repeat > 1:
+        token_lists = list(token_lists)
+    packed = [pack_to_array(token_lists, seq_length, eos_id, long_doc_tokens, upsample_factor,
+                            None if seed is None and i == 0 else (seed or 0) + i) for i in range(repeat)]  # fmt: skip
+    rows, stats = np.concatenate([r for r, _ in packed]), packed[0][1]
+    if repeat > 1:  # the copies' rows interleaved at random, and the stats of all of them
+        rows = rows[np.random.default_rng(seed).permutation(len(rows))]
+        stats = dataclasses.replace(stats, rows=len(rows), packed_tokens=sum(st.packed_tokens for _, st in packed),
+                                    packed_documents=sum(st.packed_documents for _, st in packed),
+                                    dropped_tokens=sum(st.dropped_tokens for _, st in packed))  # fmt: skip
     if stats.rows == 0:
         raise ValueError(
             f"{_describe(source)} has {stats.packed_tokens} tokens, fewer than one row of seq_length + 1 = "
@@ -97,6 +114,7 @@ def prepare_dataset(
         "upsample_factor": upsample_factor,
         "seed": seed,
         "pack": pack,
+        "repeat": repeat,
         **dataclasses.asdict(stats),
         "needle_rows": needle_rows,
         **({f"needle_{k}": v for k, v in dataclasses.asdict(needles).items()} if needles else {}),
