@@ -177,3 +177,22 @@ def test_missing_model_folder_is_one_line(script):
     res = subprocess.run([sys.executable, script, "--model", "./no/such/model", *extra], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 2 and "--model ./no/such/model: no such folder" in res.stderr, res.stderr[-1000:]
+
+
+def test_cpu_run_with_gpu_defaults_warns_once_with_the_fix():
+    """bf16 or activation checkpointing on CPU: one warning naming the measured cost and the flags; none on GPU or
+    with the CPU settings."""
+    import types
+
+    import torch
+
+    from train import cpu_defaults_warning
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    slow = types.SimpleNamespace(dtype="bfloat16", checkpointing="full")
+    message = cpu_defaults_warning(cpu, slow)
+    assert "--dtype bfloat16 and --checkpointing full" in message and "--dtype float32 --checkpointing none" in message
+    assert cpu_defaults_warning(gpu, slow) is None
+    assert cpu_defaults_warning(cpu, types.SimpleNamespace(dtype="float32", checkpointing="none")) is None
+    assert "--checkpointing attn" in cpu_defaults_warning(cpu, types.SimpleNamespace(dtype="float32",
+                                                                                     checkpointing="attn"))  # fmt: skip

@@ -249,3 +249,24 @@ def test_extension_summary_and_figure(tmp_path):
     assert_png(tmp_path / "demo" / "extension.png")
     assert main(["--before", str(tmp_path / "nowhere"), "--after", str(tmp_path / "after"), "--base-length", "256",
                  "--target-length", "512", "--output", str(tmp_path / "x")]) == 2  # fmt: skip
+
+
+def test_csv_is_one_line_per_row_and_log_ticks_are_plain_numbers(tmp_path):
+    """Predictions with line breaks stay on their row's line; a log perplexity axis labels its ticks 300, 400, ...
+    (not 3x10^2)."""
+    import matplotlib.pyplot as plt
+
+    from easy_context.eval import plots
+    from easy_context.eval.results import read_csv, write_csv
+
+    rows = [{"length": 64, "predicted": "a\nb\r\nc\\d"}, {"length": 128, "predicted": "plain"}]
+    write_csv(rows, str(tmp_path / "r.csv"))
+    lines = (tmp_path / "r.csv").read_text().splitlines()
+    assert len(lines) == 3 and lines[1] == "64,a\\nb\\r\\nc\\\\d"
+    assert [r["predicted"] for r in read_csv(str(tmp_path / "r.csv"))] == ["a\\nb\\r\\nc\\\\d", "plain"]
+    fig, ax = plt.subplots()
+    plots._ppl_axes(ax, {"m": [(128, 376.0), (256, 420.0), (512, 800.0)]}, log_y=True)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
+    plt.close(fig)
+    assert labels and all(label.replace(".", "").isdigit() for label in labels), labels

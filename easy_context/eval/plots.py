@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 
 from .results import cell_scores  # noqa: E402
 
@@ -77,6 +78,9 @@ def _ppl_axes(ax, series: Mapping[str, Sequence[tuple[int, float]]], log_y: bool
     ax.minorticks_off()
     if log_y:
         ax.set_yscale("log")
+        # plain numbers (300, 1000), not 3x10^2; matplotlib still picks which minor ticks get a label
+        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("Context length (tokens)")
     ax.set_ylabel("Perplexity")
     ax.grid(True, alpha=0.3)

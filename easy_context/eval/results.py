@@ -12,8 +12,16 @@ def _parent(path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
 
+def _one_line(value):
+    """Strings with line breaks escaped (``\\n``), so each record is one line of the CSV."""
+    if isinstance(value, str):
+        return value.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
+    return value
+
+
 def write_csv(rows: list[dict], path: str) -> None:
-    """``rows`` as CSV with the union of their keys as columns (first-seen order)."""
+    """``rows`` as CSV with the union of their keys as columns (first-seen order), one line per row (line breaks
+    inside strings are written as ``\\n``)."""
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns]
@@ -21,7 +29,7 @@ def write_csv(rows: list[dict], path: str) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: _one_line(v) for k, v in row.items()} for row in rows)
 
 
 def write_json(value, path: str) -> None:
