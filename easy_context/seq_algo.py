@@ -42,6 +42,20 @@ def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[to
     return q.to(target), k.to(target), v.to(target)
 
 
+def equal_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v with one head dim: where V's differs from Q/K's (MLA after projection, e.g. 192 vs 128) the narrower
+    side is zero-padded. Exact: zero Q/K dims add nothing to the scores, zero V dims give zero output dims (slice
+    them off: ``out[..., :v_dim]``), and the pads' gradients are dropped by autograd. Every kernel, ring exchange and
+    all-to-all then sees (batch, seq, heads, max(d_qk, d_v)) tensors; costs the pad's FLOPs and traffic."""
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if d_qk == d_v:
+        return q, k, v
+    if d_v < d_qk:
+        return q, k, torch.nn.functional.pad(v, (0, d_qk - d_v))
+    pad = (0, d_v - d_qk)
+    return torch.nn.functional.pad(q, pad), torch.nn.functional.pad(k, pad), v
+
+
 @dataclass(frozen=True)
 class SeqAlgo:
     """A sequence-parallel backend.
@@ -133,7 +147,10 @@ class SeqAlgo:
                     "set the model's attention_dropout to 0"
                 )
             q, k, v = compute_dtype(q, k, v)
-            scale = default_scale(q.shape[-1], softmax_scale)
+            scale = default_scale(q.shape[-1], softmax_scale)  # of the real Q/K head dim, before any padding
+            if v.shape[-1] != q.shape[-1] and q.dim() == k.dim() == v.dim() == 4 and q.shape[-1] == k.shape[-1]:
+                v_dim = v.shape[-1]
+                return attn(*equal_head_dims(q, k, v), 0.0, scale, causal, group, position_ids, documents)[..., :v_dim]
             world = 1
             if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
                 group = get_sp_group() if group is None else group
