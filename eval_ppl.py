@@ -117,7 +117,13 @@ def main(argv=None) -> None:
         try:
             model = load_eval_model_from_args(name, runtime, len(tokenizer), args)
         except (OSError, RuntimeError, ValueError) as exc:
-            sys.exit(f"error: {exc}")
+            # keep what was scored (hub ids cannot be checked up front without loading them)
+            kept = ""
+            if rows:
+                if runtime.is_main:
+                    write_csv(rows, args.output)
+                kept = f"; the {len(rows)} rows scored before it are in {args.output}"
+            sys.exit(f"error: --model {name}: {' '.join(str(exc).split())}{kept}")  # one line
         scorer = CausalLMWithLoss(model)
         for length in lengths:
             message = position_warning(model.config, length, name)

@@ -44,9 +44,11 @@ from easy_context.models import PRESETS, is_random_init, load_model, match_speci
 from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.process_exit import exit_process
 from easy_context.train_state import (
+    CheckpointError,
     EpochShuffleSampler,
     load_training_state,
     read_training_position,
+    remove_stale_temp,
     save_hf_checkpoint,
     save_training_state,
 )
@@ -250,8 +252,8 @@ def main(argv=None) -> None:
     position = {"step": 0, "micro_batches": 0, "skipped_steps": 0}
     if args.resume_from:
         try:
-            position = read_training_position(args.resume_from)
-        except FileNotFoundError as exc:
+            position = read_training_position(args.resume_from, accelerator.process_index)
+        except CheckpointError as exc:
             sys.exit(f"error: {exc}")
     start_step, consumed, skipped = position["step"], position["micro_batches"], position["skipped_steps"]
     last_step = args.max_train_steps if args.stop_at_step is None else min(args.max_train_steps, args.stop_at_step)
@@ -324,13 +326,18 @@ def main(argv=None) -> None:
     train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
     if accelerator.is_main_process:  # what actually runs (accelerate silently drops DeepSpeed in some setups)
         os.makedirs(args.output_dir, exist_ok=True)
+        for line in remove_stale_temp(args.output_dir):  # an interrupted save's temp dir
+            print(line)
         engine = f"{accelerator.distributed_type} x{accelerator.num_processes}, {type(optimizer.optimizer).__name__}"
         open(os.path.join(args.output_dir, "engine.txt"), "w").write(engine + "\n")
     if args.tracker != "none":
         accelerator.init_trackers(args.wandb or "easy_context", config=vars(args))
 
     if args.resume_from:
-        load_training_state(accelerator, args.resume_from)
+        try:
+            load_training_state(accelerator, args.resume_from)
+        except CheckpointError as exc:
+            sys.exit(f"error: {exc}")
     tokens_per_step = args.batch_size * args.seq_length * args.gradient_accumulate_every * (
         accelerator.num_processes // sp_size if ec.get_seq_algo(args.parallel_mode).distributed
         else accelerator.num_processes)  # fmt: skip
@@ -397,9 +404,15 @@ def main(argv=None) -> None:
                             **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
-            save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped)
+            try:
+                save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped)
+            except CheckpointError as exc:
+                sys.exit(f"error: {exc}")
     if not args.no_save:
-        save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
+        try:
+            save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
+        except CheckpointError as exc:
+            sys.exit(f"error: {exc}")
     accelerator.end_training()
     if accelerator.is_main_process:
         what = "metrics in" if args.no_save else "saved"

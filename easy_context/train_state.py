@@ -1,8 +1,19 @@
-"""Checkpoints: resumable training state (accelerate) and the final HF checkpoint (safetensors)."""
+"""Checkpoints: resumable training state (accelerate) and the final HF checkpoint (safetensors).
+
+Both are written atomically: into a hidden temp dir next to the target, fsynced, then renamed into place, so a
+kill or a full disk never leaves a half-written checkpoint under the real name. A failed save removes its temp dir
+and raises :class:`CheckpointError` (one line: the file, the cause, the last good checkpoint) on every rank; a run
+that was killed mid-save leaves a temp dir that :func:`remove_stale_temp` clears on the next start. A state dir
+records the size of each of its files, so a truncated or missing file (RNG states included) is refused on resume.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -27,42 +38,261 @@ class EpochShuffleSampler(Sampler[int]):
         return iter(torch.randperm(self.n, generator=g).tolist())
 
 
+STATE_JSON = "easy_context_state.json"
+RNG_STATE = "random_states_{}.pkl"
+_STATE_DIR = re.compile(r"state-step(\d+)$")
+_TEMP = re.compile(r"\.(.+)\.(tmp|old)$")  # .state-step4.tmp: a save under way; .state-step4.old: being replaced
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that could not be written or read; the message is one line naming the file and the fix."""
+
+
+def _agree(error: str | None) -> str | None:
+    """The first rank's error (every rank gets the same answer; also a barrier), or None when all succeeded."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return error
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), None)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            _fsync(Path(dirpath) / name)
+        _fsync(Path(dirpath))
+
+
+def _files(root: Path) -> dict[str, int]:
+    """{relative path: size} of every file under ``root``."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno:
+        return f"{exc.strerror or os.strerror(exc.errno)} (errno {errno.errorcode.get(exc.errno, exc.errno)})"
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _failed_file(exc: BaseException, temp: Path, rank: int) -> str:
+    """The file a failed save was writing: the error's own, else this rank's newest file in the temp dir."""
+    name = getattr(exc, "filename", None)
+    if name:
+        return str(name)
+    other_rng = re.compile(r"random_states_(\d+)\.pkl$")
+    mine = [p for p in temp.rglob("*")
+            if p.is_file() and (other_rng.search(p.name) is None or p.name == RNG_STATE.format(rank))]  # fmt: skip
+    return str(max(mine, key=lambda p: p.stat().st_mtime_ns)) if mine else str(temp)
+
+
+def _free(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.0f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def _last_good_hint(output_dir: Path, exclude: Path | None = None) -> str:
+    last = last_good_checkpoint(output_dir, exclude)
+    if last is None:
+        return f"no complete training state in {output_dir}"
+    return f"last good checkpoint: {last} (resume with --resume-from {last})"
+
+
+def _save_error(what: str, exc: BaseException, temp: Path, rank: int, output_dir: Path, exclude: Path | None) -> str:
+    return (f"saving {what}: writing {_failed_file(exc, temp, rank)} failed: {_cause(exc)} ({_free(output_dir)}); "
+            f"nothing under that name was changed; {_last_good_hint(output_dir, exclude)}; free disk space (or "
+            "choose another --output-dir) and resume")  # fmt: skip
+
+
+def _replace_dir(temp: Path, final: Path) -> None:
+    """Rename ``temp`` to ``final``; an existing ``final`` is moved aside first and removed after."""
+    old = final.with_name(f".{final.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(temp, final)
+    _fsync(final.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def remove_stale_temp(output_dir: str | Path) -> list[str]:
+    """Clear what an interrupted save left in ``output_dir`` (main process, at start): ``.NAME.tmp`` dirs are
+    removed; a ``.NAME.old`` (a replaced state whose successor never got its name) is renamed back to NAME if
+    that is missing, else removed. Returns what was done, one line each."""
+    done = []
+    root = Path(output_dir)
+    if not root.is_dir():
+        return done
+    for path in sorted(root.iterdir()):
+        match = _TEMP.fullmatch(path.name)
+        if match is None:
+            continue
+        target = root / match.group(1)
+        if match.group(2) == "old" and not target.exists():
+            os.replace(path, target)
+            done.append(f"restored {target} (an interrupted save had moved it to {path.name})")
+        else:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            done.append(f"removed {path} (left by an interrupted save)")
+    return done
+
+
 def save_training_state(accelerator, directory: str | Path, step: int, micro_batches: int, skipped_steps: int) -> None:
-    """Model, optimizer, scheduler and RNG states (accelerate) plus the data position and the count of steps
-    whose update ``--nonfinite skip`` dropped."""
-    accelerator.save_state(str(directory))
+    """Model, optimizer, scheduler and RNG states (accelerate) plus the data position, the count of steps whose
+    update ``--nonfinite skip`` dropped and the size of every file, written atomically (see the module doc).
+    Raises :class:`CheckpointError` on every rank when any rank failed; ``directory`` is then as it was."""
+    final = Path(directory)
+    temp = final.with_name(f".{final.name}.tmp")
+    rank = accelerator.process_index
+    error = None
     if accelerator.is_main_process:
-        (Path(directory) / "easy_context_state.json").write_text(
-            json.dumps({"step": step, "micro_batches": micro_batches, "skipped_steps": skipped_steps})
-        )
-    accelerator.wait_for_everyone()
+        try:
+            if temp.exists():
+                shutil.rmtree(temp)
+            temp.mkdir(parents=True)
+        except OSError as exc:
+            error = _save_error(str(final), exc, temp, rank, final.parent, None)
+    if not _agree(error):
+        try:
+            accelerator.save_state(str(temp))
+        except Exception as exc:  # any I/O failure: every rank must hear of it (or the others wait forever)
+            error = _save_error(str(final), exc, temp, rank, final.parent, None)
+    error = _agree(error)
+    if error is None and accelerator.is_main_process:
+        try:
+            position = {"step": step, "micro_batches": micro_batches, "skipped_steps": skipped_steps}
+            position["files"] = _files(temp)
+            path = temp / STATE_JSON
+            path.write_text(json.dumps(position))
+            _fsync_tree(temp)
+            _replace_dir(temp, final)
+        except Exception as exc:
+            error = _save_error(str(final), exc, temp, rank, final.parent, None)
+    error = _agree(error)
+    if error is not None:
+        if accelerator.is_main_process:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise CheckpointError(error)
 
 
-def read_training_position(directory: str | Path) -> dict:
-    """{"step", "micro_batches", "skipped_steps"} of a state dir, without loading its state (cheap: a run can
-    tell it has nothing to do before it builds a model)."""
-    path = Path(directory) / "easy_context_state.json"
+def check_training_state(directory: str | Path, process_index: int | None = None) -> dict:
+    """The position JSON of a complete state dir (see :func:`read_training_position`); raises
+    :class:`CheckpointError` naming the first missing, truncated or unreadable file."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: no such directory")
+    path = root / STATE_JSON
     if not path.exists():
-        raise FileNotFoundError(f"--resume-from {directory}: no easy_context_state.json (not a training state dir)")
-    return {"skipped_steps": 0, **json.loads(path.read_text())}  # states written before skips were counted
+        raise CheckpointError(f"{path} is missing (a half-written or not a training state dir)")
+    try:
+        position = json.loads(path.read_text())
+        keys = ("step", "micro_batches")
+        if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in keys):
+            raise ValueError("no integer step and micro_batches")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is corrupt ({type(exc).__name__}: {exc})") from None
+    for name, size in position.get("files", {}).items():  # states written before sizes were recorded: none
+        file = root / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"{file} is truncated or changed ({file.stat().st_size} bytes, saved {size})")
+    rng = root / RNG_STATE.format(0 if process_index is None else process_index)
+    if rng.name in position.get("files", {rng.name: None}):  # a rank the state had (else it starts from --seed)
+        try:
+            states = torch.load(rng, weights_only=False)
+            missing = {"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states)
+        except Exception as exc:
+            raise CheckpointError(f"{rng} is unreadable ({_cause(exc)})") from None
+        if missing:
+            raise CheckpointError(f"{rng} lacks {', '.join(sorted(missing))}")
+    return {"skipped_steps": 0, **position}  # states written before skips were counted
+
+
+def last_good_checkpoint(output_dir: str | Path, exclude: str | Path | None = None) -> Path | None:
+    """The ``state-stepN`` dir of ``output_dir`` with the highest N that :func:`check_training_state` accepts."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    skip = Path(exclude).resolve() if exclude is not None else None
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STATE_DIR.fullmatch(p.name)) and p.is_dir()]
+    for _, path in sorted(found, reverse=True):
+        if skip is not None and path.resolve() == skip:
+            continue
+        try:
+            check_training_state(path)
+        except CheckpointError:
+            continue
+        return path
+    return None
+
+
+def read_training_position(directory: str | Path, process_index: int | None = None) -> dict:
+    """{"step", "micro_batches", "skipped_steps", ...} of a state dir, without loading its state (cheap: a run can
+    tell it has nothing to do before it builds a model). The dir is checked first (its files, their sizes, this
+    rank's RNG state): a :class:`CheckpointError` names the bad file and the last good state next to it."""
+    try:
+        return check_training_state(directory, process_index)
+    except CheckpointError as exc:
+        hint = _last_good_hint(Path(directory).parent, exclude=directory)
+        raise CheckpointError(f"--resume-from {directory}: {exc}; {hint}") from None
 
 
 def load_training_state(accelerator, directory: str | Path) -> None:
     """Restore the states :func:`save_training_state` wrote (its data position: :func:`read_training_position`)."""
-    accelerator.load_state(str(directory))
+    try:
+        accelerator.load_state(str(directory))
+    except Exception as exc:  # a file that changed since read_training_position, or does not fit this model
+        hint = _last_good_hint(Path(directory).parent, exclude=directory)
+        raise CheckpointError(f"--resume-from {directory}: loading failed: {_cause(exc)}; {hint}") from None
 
 
 def save_hf_checkpoint(accelerator, train_model, tokenizer, output_dir: str | Path) -> None:
     """Full weights as safetensors + config (with the RoPE base in use) + tokenizer, loadable by
-    ``AutoModelForCausalLM.from_pretrained`` (under ZeRO-3 the shards are gathered first)."""
+    ``AutoModelForCausalLM.from_pretrained`` (under ZeRO-3 the shards are gathered first). Written into a temp dir,
+    fsynced, then each file renamed into ``output_dir`` (none is ever half-written there); raises
+    :class:`CheckpointError` on every rank when that fails."""
     state = accelerator.get_state_dict(train_model)
+    root = Path(output_dir)
+    temp = root / ".final-model.tmp"
+    error = None
     if accelerator.is_main_process:
-        hf_model = accelerator.unwrap_model(train_model).model
-        state = {k.removeprefix("model."): v for k, v in state.items()}
-        attn = hf_model.config._attn_implementation
-        hf_model.config._attn_implementation_internal = "sdpa"  # do not save our runtime attention name
-        hf_model.save_pretrained(str(output_dir), state_dict=state, safe_serialization=True)
-        hf_model.config._attn_implementation_internal = attn
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(output_dir))
-    accelerator.wait_for_everyone()
+        try:
+            if temp.exists():
+                shutil.rmtree(temp)
+            temp.mkdir(parents=True)
+            hf_model = accelerator.unwrap_model(train_model).model
+            state = {k.removeprefix("model."): v for k, v in state.items()}
+            attn = hf_model.config._attn_implementation
+            hf_model.config._attn_implementation_internal = "sdpa"  # do not save our runtime attention name
+            try:
+                hf_model.save_pretrained(str(temp), state_dict=state, safe_serialization=True)
+            finally:
+                hf_model.config._attn_implementation_internal = attn
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(temp))
+            _fsync_tree(temp)
+            for name in sorted(_files(temp)):
+                os.replace(temp / name, root / name)
+            _fsync(root)
+            temp.rmdir()
+        except Exception as exc:
+            error = _save_error(f"the final model to {root}", exc, temp, 0, root, None)
+            shutil.rmtree(temp, ignore_errors=True)
+    error = _agree(error)
+    if error is not None:
+        raise CheckpointError(error)

@@ -180,3 +180,120 @@ def test_tokens_per_second_counts_every_step_since_the_last_row(tmp_path, monkey
     logger = metrics.MetricsLogger(accelerator, str(tmp_path), config, 32, tokens_per_step=1000, start_step=0)
     assert logger.log(50, 1.0, 1e-3, 0)["tokens_per_s"] == pytest.approx(50 * 1000 / 10.0)
     assert logger.log(60, 1.0, 1e-3, 0)["tokens_per_s"] == pytest.approx(10 * 1000 / 5.0)
+
+
+# imported at interpreter start (PYTHONPATH): the disk fills up while optimizer.bin of state-step4 is written
+# (part of the file is on disk, then ENOSPC, as torch.save on a full disk)
+DISK_FULL_AT_STEP_4 = """
+import errno
+import os
+
+import torch
+
+_save = torch.save
+
+
+def save(obj, f, *args, **kwargs):
+    if str(f).endswith("optimizer.bin") and "state-step4" in str(f):
+        with open(f, "wb") as out:
+            out.write(b"x" * 4096)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return _save(obj, f, *args, **kwargs)
+
+
+torch.save = save
+"""
+
+
+def leftovers(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if re.search(r"\.(tmp|old)$", p.name))
+
+
+def test_disk_full_while_saving_two_processes(data_dir, tmp_path, monkeypatch):
+    """A full disk while state-step4 is written: both ranks stop with one line naming the file and the last good
+    state (no hang, no traceback, no half-written state-step4 or temp files); that state resumes."""
+    from easy_context.train_state import check_training_state
+
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(DISK_FULL_AT_STEP_4)
+    out = tmp_path / "run"
+    with monkeypatch.context() as env:
+        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
+        res = run_train(data_dir, out, *FAST, "--save-every", "2", procs=2, steps=6, check=False)
+    assert res.returncode != 0
+    errors = re.findall(r"error: .*", res.stderr)  # (a progress bar may precede one on its line)
+    assert len(errors) == 2 and errors[0] == errors[1], res.stderr[-3000:]
+    message = errors[0]
+    assert f"{out}/.state-step4.tmp/optimizer.bin" in message and "No space left on device" in message, message
+    assert f"last good checkpoint: {out}/state-step2 (resume with --resume-from {out}/state-step2)" in message
+    assert "Traceback" not in res.stderr.split("error:")[0], res.stderr[-3000:]  # the ranks print no traceback
+    assert leftovers(out) == [] and not (out / "state-step4").exists() and not (out / "model.safetensors").exists()
+    assert check_training_state(out / "state-step2")["step"] == 2
+    run_train(data_dir, out, *FAST, "--resume-from", str(out / "state-step2"), procs=2, steps=3)
+    assert losses(out, "step") == [1, 2, 3]
+
+
+def test_bad_state_is_refused_naming_the_file_and_the_last_good_one(data_dir, tmp_path):
+    """A truncated or missing random_states file, a corrupt or missing state JSON: one line with the file and the
+    last good state; a save interrupted by a kill leaves a temp dir that the next start removes."""
+    out = tmp_path / "run"
+    run_train(data_dir, out, *FAST, "--save-every", "2", steps=4)
+    state = out / "state-step4"
+    saved = snapshot(state)
+    first = losses(out, "loss")
+
+    def truncate(name):
+        (state / name).write_bytes(saved[name][: len(saved[name]) // 2])
+
+    def legacy_truncated(name):  # a state written before file sizes were recorded: the load itself is checked
+        position = json.loads(saved["easy_context_state.json"])
+        del position["files"]
+        (state / "easy_context_state.json").write_text(json.dumps(position))
+        truncate(name)
+
+    rng, js = "random_states_0.pkl", "easy_context_state.json"
+    cases = [
+        (truncate, rng, f"{state}/{rng} is truncated or changed"),
+        (lambda name: (state / name).unlink(), rng, f"{state}/{rng} is missing"),
+        (lambda name: (state / name).write_text('{"step": 4, "micro'), js, f"{state}/{js} is corrupt (JSONDecodeError"),
+        (lambda name: (state / name).unlink(), js, f"{state}/{js} is missing (a half-written"),
+        (legacy_truncated, rng, f"{state}/{rng} is unreadable"),
+    ]
+    for damage, name, expected in cases:
+        damage(name)
+        res = run_train(data_dir, out, *FAST, "--resume-from", str(state), steps=6, check=False)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        line = res.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: --resume-from {state}: {expected}"), res.stderr[-3000:]
+        assert line.endswith(f"; last good checkpoint: {out}/state-step2 (resume with --resume-from {out}/state-step2)")
+        for rel, data in saved.items():
+            (state / rel).write_bytes(data)
+    # a kill mid-save left a temp dir, and one mid-rename the replaced state under .NAME.old: cleared on start
+    (out / ".state-step6.tmp").mkdir()
+    (out / ".state-step6.tmp" / "optimizer.bin").write_bytes(b"x" * 4096)
+    res = run_train(data_dir, out, *FAST, "--save-every", "2", "--resume-from", str(out / "state-step2"), steps=4)
+    assert f"removed {out}/.state-step6.tmp (left by an interrupted save)" in res.stdout
+    assert leftovers(out) == []
+    assert losses(out, "loss")[2:] == pytest.approx(first[2:], rel=1e-5)
+    assert sorted(snapshot(state)) == sorted(saved)  # state-step4 rewritten in place, complete
+
+
+def test_eval_ppl_keeps_the_rows_of_models_scored_before_a_missing_one(data_dir, tmp_path):
+    """-m GOOD -m MISSING scored GOOD, then died without any CSV: the rows it has are written, one error line."""
+    import subprocess
+    import sys
+
+    output = tmp_path / "ppl.csv"
+    cmd = [sys.executable, "eval_ppl.py", "-m", "tiny-llama", "-m", "nobody/missing-model", "--tokenizer",
+           str(data_dir / "tokenizer"), "--dataset", str(data_dir.parent), "--min-tokens", "64", "--max-tokens", "128",
+           "--truncate", "--samples", "1", "--output", str(output)]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=test_train.ROOT, env=env, timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: --model nobody/missing-model: ") and line.endswith(
+        f"; the 2 rows scored before it are in {output}"
+    ), res.stderr[-3000:]
+    rows = output.read_text().splitlines()
+    assert [r.split(",")[:2] for r in rows[1:]] == [["tiny-llama", "64"], ["tiny-llama", "128"]]
