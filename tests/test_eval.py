@@ -227,7 +227,8 @@ def test_extension_summary_and_figure(tmp_path):
     from easy_context.eval.extension import main
 
     for stage, hits in (("before", {64: 1, 192: 1, 320: 0, 448: 0}), ("after", {64: 1, 192: 0, 320: 1, 448: 1})):
-        rows = [{"length": n, "depth": d, "sample": 0, "correct": hit} for n, hit in hits.items() for d in (0, 50, 100)]
+        rows = [{"length": n, "depth": d, "sample": 0, "correct": hit, "answer_logprob": -1.0 - 2 * (1 - hit)}
+                for n, hit in hits.items() for d in (0, 50, 100)]  # fmt: skip
         rows[0]["correct"] = 0  # one miss at 64 / depth 0: within = 5/6 before
         (tmp_path / stage / "needle").mkdir(parents=True)
         with open(tmp_path / stage / "needle" / "results.csv", "w", newline="") as f:
@@ -246,6 +247,7 @@ def test_extension_summary_and_figure(tmp_path):
     assert summary["after"]["needle_within"] == pytest.approx(2 / 6) and summary["after"]["needle_beyond"] == 1.0
     assert summary["before"]["ppl"] == {"128": 30.0, "256": 25.0, "512": 400.0}
     assert summary["after"]["ppl"]["512"] == 22.0
+    assert summary["before"]["answer_logprob_beyond"] == -3.0 and summary["after"]["answer_logprob_beyond"] == -1.0
     assert_png(tmp_path / "demo" / "extension.png")
     assert main(["--before", str(tmp_path / "nowhere"), "--after", str(tmp_path / "after"), "--base-length", "256",
                  "--target-length", "512", "--output", str(tmp_path / "x")]) == 2  # fmt: skip

@@ -5,8 +5,9 @@ before and after, from the result files of ``eval_needle.py`` and ``eval_ppl.py`
         --base-length 256 --target-length 2048 --output out/demo
 
 reads ``{before,after}/needle/results.csv`` and ``{before,after}/ppl.csv``, writes ``summary.json``
-(``{"base_length", "target_length", "before": {"needle_within", "needle_beyond", "ppl": {length: ppl}},
-"after": {...}, "seconds"}``) and ``extension.png``, and prints one line.
+(``{"base_length", "target_length", "before": {"needle_within", "needle_beyond", "ppl": {length: ppl},
+"answer_logprob_within", "answer_logprob_beyond"}, "after": {...}, "seconds"}``) and ``extension.png``, and
+prints one line.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from .. import cli
 from .results import read_csv, write_json
 
 
-def needle_split(rows: list[dict], base_length: int) -> tuple[float | None, float | None]:
-    """Mean ``correct`` of the rows at lengths <= ``base_length`` and > it (None where there are none)."""
-    within = [float(r["correct"]) for r in rows if int(r["length"]) <= base_length]
-    beyond = [float(r["correct"]) for r in rows if int(r["length"]) > base_length]
+def needle_split(rows: list[dict], base_length: int, key: str = "correct") -> tuple[float | None, float | None]:
+    """Mean ``key`` of the rows at lengths <= ``base_length`` and > it (None where there are none)."""
+    within = [float(r[key]) for r in rows if int(r["length"]) <= base_length]
+    beyond = [float(r[key]) for r in rows if int(r["length"]) > base_length]
     return (sum(within) / len(within) if within else None, sum(beyond) / len(beyond) if beyond else None)
 
 
@@ -38,7 +39,11 @@ def stage(folder: str, base_length: int) -> tuple[dict, list[dict], dict[int, fl
     needle = read_csv(os.path.join(folder, "needle", "results.csv"), numeric=("length", "depth", "correct"))
     ppl = ppl_by_length(read_csv(os.path.join(folder, "ppl.csv"), numeric=("tokens", "ppl")))
     within, beyond = needle_split(needle, base_length)
-    return {"needle_within": within, "needle_beyond": beyond, "ppl": ppl}, needle, ppl
+    part = {"needle_within": within, "needle_beyond": beyond, "ppl": ppl}
+    if needle and "answer_logprob" in needle[0]:  # the answer's total log-probability: progress before accuracy
+        lp_within, lp_beyond = needle_split(needle, base_length, "answer_logprob")
+        part |= {"answer_logprob_within": lp_within, "answer_logprob_beyond": lp_beyond}
+    return part, needle, ppl
 
 
 def summarize(before: str, after: str, base_length: int, target_length: int, seconds: float | None = None) -> dict:
