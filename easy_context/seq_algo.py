@@ -148,16 +148,16 @@ class SeqAlgo:
                 )
             q, k, v = compute_dtype(q, k, v)
             scale = default_scale(q.shape[-1], softmax_scale)  # of the real Q/K head dim, before any padding
-            if v.shape[-1] != q.shape[-1] and q.dim() == k.dim() == v.dim() == 4 and q.shape[-1] == k.shape[-1]:
-                v_dim = v.shape[-1]
-                return attn(*equal_head_dims(q, k, v), 0.0, scale, causal, group, position_ids, documents)[..., :v_dim]
             world = 1
             if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
                 group = get_sp_group() if group is None else group
                 check_local_shapes(algo.name, q, k, v, group, causal, scale, pad_hint, documents)
                 world = torch.distributed.get_world_size(group)
             else:
-                check_shapes(q, k, v, causal=False)
+                check_shapes(q, k, v, causal=False, v_dim_may_differ=True)
+            if v.shape[-1] != q.shape[-1]:  # checked above, on the inputs as given (every rank the same)
+                v_dim = v.shape[-1]
+                return attn(*equal_head_dims(q, k, v), 0.0, scale, causal, group, position_ids, documents)[..., :v_dim]
             if documents is None and position_ids is not None:  # one all-gather per position_ids tensor (cached)
                 documents = local_documents(algo.name, position_ids, group, **opts)
             kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])

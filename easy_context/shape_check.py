@@ -29,7 +29,7 @@ def shape_check_enabled() -> bool:
 def local_input_error(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """What is wrong with this rank's own q, k, v (None when they are fine)."""
     try:
-        check_shapes(q, k, v, causal=False)
+        check_shapes(q, k, v, causal=False, v_dim_may_differ=True)
     except ValueError as exc:
         return f"{algo}: {exc}"
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -40,13 +40,14 @@ def local_input_error(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return None
 
 
-def _signature(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, ok: bool, documents=None) -> list[int]:
+def _signature(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, ok: bool, documents=None,
+               v_dim: int = -1) -> list[int]:  # fmt: skip
     """Fixed-length int64 summary: ok, q shape, k shape (padded to 4 dims), dtype, causal, scale's bits, documents'
-    hash (0: none; ints and tuples hash the same in every process)."""
+    hash (0: none; ints and tuples hash the same in every process), V's head dim."""
     dims = lambda t: [*t.shape[:4], *[-1] * (4 - min(t.dim(), 4))]  # noqa: E731
     scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]  # exact: compared bit for bit
     docs = 0 if documents is None else hash((documents.length, documents.starts)) % 2**62 + 1
-    return [int(ok), *dims(q), *dims(k), _DTYPE_CODES.get(q.dtype, 9), int(causal), scale_bits, docs]
+    return [int(ok), *dims(q), *dims(k), _DTYPE_CODES.get(q.dtype, 9), int(causal), scale_bits, docs, v_dim]
 
 
 def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
@@ -62,7 +63,9 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             raise ValueError(error)
         return
     device = torch.device("cpu") if dist.get_backend(group) == "gloo" else q.device
-    mine = torch.tensor(_signature(q, k, causal, scale, error is None, documents), dtype=torch.int64, device=device)
+    v_dim = v.shape[-1] if v.dim() else -1
+    mine = torch.tensor(_signature(q, k, causal, scale, error is None, documents, v_dim), dtype=torch.int64,
+                        device=device)  # fmt: skip
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     gather(every, mine, group=group)
@@ -73,11 +76,12 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if bad:
         raise ValueError(f"{algo}: SP rank(s) {bad} of this group rejected their attention inputs (their error "
                          "says why); every rank must call attention with valid, equally sharded q, k, v")  # fmt: skip
-    if len({row[1:10] for row in rows}) != 1:
+    if len({row[1:10] for row in rows}) != 1 or len({row[13] for row in rows}) != 1:
         hint = pad_hint or f"easy_context.seq_multiple('{algo}', world_size)"
         raise ValueError(
             f"{algo}: every rank must hold a shard of the same shape and dtype; got local (q shape, k shape, dtype "
-            f"code) {[(row[1:5], row[5:9], row[9]) for row in rows]} (local lengths {[row[2] for row in rows]}). "
+            f"code, v head dim) {[(row[1:5], row[5:9], row[9], row[13]) for row in rows]} (local lengths "
+            f"{[row[2] for row in rows]}). "
             f"Pad the full sequence with easy_context.pad_to_multiple(x, {hint}) and shard it with "
             "easy_context.extract_local"
         )

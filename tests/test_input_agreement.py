@@ -19,6 +19,7 @@ CASES = {
     "k_shorter_on_rank0": ("k/v have", "rejected their attention inputs"),
     "kv_fp64_on_rank0": ("float64 inputs are not supported", "rejected their attention inputs"),
     "k_not_v_on_rank0": ("incompatible", "rejected their attention inputs"),
+    "v_head_dim_on_rank0": ("same shape", "same shape"),  # a valid MLA shape alone, but not what the others hold
     "longer_shard_on_rank2": ("same shape and dtype", "same shape and dtype"),
     "non_causal_on_rank0": ("same attention", "same attention"),
     "scale_on_rank1": ("softmax scale", "softmax scale"),
@@ -37,6 +38,8 @@ def _shards(rank, algo, opts, case):
     elif case == "kv_fp64_on_rank0" and rank == 0:
         kl, vl = kl.double(), vl.double()
     elif case == "k_not_v_on_rank0" and rank == 0:
+        vl = vl[:, :, :1]  # fewer V heads than K heads
+    elif case == "v_head_dim_on_rank0" and rank == 0:
         vl = vl[..., :-1]
     elif case == "longer_shard_on_rank2" and rank == 2:
         ql, kl, vl = (torch.cat([x, x[:, :1]], dim=1) for x in (ql, kl, vl))
@@ -68,7 +71,8 @@ def healthy_worker(rank, world, algo, opts):
 def test_one_ranks_bad_input_fails_every_rank(dist_pool, algo, opts, case):
     pool = dist_pool(WORLD)
     messages = pool.run(faulty_worker, algo, opts, case, timeout=60)  # a hang fails here, after 60 s
-    faulty = {"k_shorter_on_rank0": 0, "kv_fp64_on_rank0": 0, "k_not_v_on_rank0": 0, "longer_shard_on_rank2": 2,
+    faulty = {"k_shorter_on_rank0": 0, "kv_fp64_on_rank0": 0, "k_not_v_on_rank0": 0, "v_head_dim_on_rank0": 0,
+              "longer_shard_on_rank2": 2,
               "non_causal_on_rank0": 0, "scale_on_rank1": 1}[case]  # fmt: skip
     own, others = CASES[case]
     for rank, msg in enumerate(messages):

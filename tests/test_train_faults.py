@@ -103,16 +103,21 @@ def test_nonfinite_stop_two_processes(data_dir, tmp_path):
     assert not (out / "model.safetensors").exists()
 
 
+def run_injected(hook: str, data_dir, out, monkeypatch, *args, **kwargs):
+    """``run_train`` with ``hook`` as every process's sitecustomize (fault injection at interpreter start)."""
+    inject = out.parent / f"inject-{out.name}"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(hook)
+    with monkeypatch.context() as env:
+        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
+        return run_train(data_dir, out, *args, **kwargs)
+
+
 def test_nonfinite_skip_drops_the_update(data_dir, tmp_path, monkeypatch):
     """--nonfinite skip: a NaN loss at step 2 leaves the weights as they were, the run goes on, the count is
     logged and survives a resume."""
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(NAN_AT_STEP_2)
     out = tmp_path / "run"
-    with monkeypatch.context() as env:
-        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
-        run_train(data_dir, out, *FAST, "--nonfinite", "skip", "--save-every", "1", steps=4)
+    run_injected(NAN_AT_STEP_2, data_dir, out, monkeypatch, *FAST, "--nonfinite", "skip", "--save-every", "1", steps=4)
     got = losses(out, "loss")
     assert math.isnan(got[1]) and all(map(math.isfinite, got[:1] + got[2:])), got
     assert losses(out, "skipped_steps") == [0, 1, 1, 1]
@@ -214,13 +219,9 @@ def test_disk_full_while_saving_two_processes(data_dir, tmp_path, monkeypatch):
     state (no hang, no traceback, no half-written state-step4 or temp files); that state resumes."""
     from easy_context.train_state import check_training_state
 
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(DISK_FULL_AT_STEP_4)
     out = tmp_path / "run"
-    with monkeypatch.context() as env:
-        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
-        res = run_train(data_dir, out, *FAST, "--save-every", "2", procs=2, steps=6, check=False)
+    res = run_injected(DISK_FULL_AT_STEP_4, data_dir, out, monkeypatch, *FAST, "--save-every", "2", procs=2, steps=6,
+                       check=False)  # fmt: skip
     assert res.returncode != 0
     errors = re.findall(r"error: .*", res.stderr)  # (a progress bar may precede one on its line)
     assert len(errors) == 2 and errors[0] == errors[1], res.stderr[-3000:]

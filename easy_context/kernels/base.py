@@ -118,14 +118,18 @@ def head_groups(
     raise ValueError(f"cannot split {hq} query / {hkv} key-value heads into kernel calls of <= {limit} elements")
 
 
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
-    """Raise a clear error for inputs no kernel can take."""
+def check_shapes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, v_dim_may_differ: bool = False
+) -> None:
+    """Raise a clear error for inputs no kernel can take (``v_dim_may_differ``: V's head dim may differ from Q/K's,
+    for callers that pad them to one, see :func:`easy_context.seq_algo.equal_head_dims`)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention expects (batch, seq, heads, head_dim) tensors, got q{tuple(q.shape)} "
             f"k{tuple(k.shape)} v{tuple(v.shape)}"
         )
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+    kv_differ = k.shape[:3] != v.shape[:3] if v_dim_may_differ else k.shape != v.shape
+    if kv_differ or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"incompatible q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(
