@@ -283,11 +283,20 @@ def local_documents(seq_algo: str, local_position_ids: torch.Tensor, group=None,
 
         world = dist.get_world_size(get_sp_group() if group is None else group)
     key = (seq_algo, tuple(sorted(options.items())), id(group), world)
-    hit = _CACHE.get(id(local_position_ids))
-    if hit is not None and hit[0]() is local_position_ids and hit[1] == _version(local_position_ids) and hit[2] == key:
+    return cached_on(
+        local_position_ids,
+        key,
+        lambda: find_documents(gather_position_ids(seq_algo, local_position_ids, group, **options)),
+    )
+
+
+def cached_on(tensor: torch.Tensor, key: tuple, compute):
+    """``compute()``, remembered on ``tensor`` (while it lives and is not modified in place) under ``key``: what one
+    forward derives from a tensor every layer receives (position_ids, cu_seq_lens) is derived once."""
+    ident = id(tensor)
+    hit = _CACHE.get(ident)
+    if hit is not None and hit[0]() is tensor and hit[1] == _version(tensor) and hit[2] == key:
         return hit[3]
-    docs = find_documents(gather_position_ids(seq_algo, local_position_ids, group, **options))
-    ident = id(local_position_ids)
-    _CACHE[ident] = (weakref.ref(local_position_ids, lambda _, i=ident: _CACHE.pop(i, None)),
-                     _version(local_position_ids), key, docs)  # fmt: skip
-    return docs
+    value = compute()
+    _CACHE[ident] = (weakref.ref(tensor, lambda _, i=ident: _CACHE.pop(i, None)), _version(tensor), key, value)
+    return value

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..documents import Documents, documents_from_cu_seqlens, local_documents
+from ..documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
 from ..groups import get_sp_group
 from ..registry import get_attn_func, get_seq_algo
 
@@ -67,22 +67,28 @@ def _documents(seq_algo: str, options: dict[str, Any], query: torch.Tensor, kwar
     docs = None if position_ids is None else local_documents(seq_algo, position_ids, **opts)
     if cu_q is None:
         return docs
-    if cu_k is not None and not torch.equal(torch.as_tensor(cu_q).cpu(), torch.as_tensor(cu_k).cpu()):
-        raise NotImplementedError(f"{seq_algo}: cu_seq_lens_q != cu_seq_lens_k (cross-attention) is not supported")
     full = _full_length(seq_algo, query.shape[2])
-    cu_docs = documents_from_cu_seqlens(cu_q)
-    total = int(torch.as_tensor(cu_q)[-1])
-    if total != full or query.shape[0] != 1:
-        raise ValueError(
-            f"{seq_algo}: cu_seq_lens_q describe {total} tokens in a batch of {query.shape[0]}, but the full sequence "
-            f"has {full} tokens in one row: pass the cumulative document lengths of the whole (global) sequence, or "
-            "only position_ids restarting at each document"
-        )
+    cu_docs = cached_on(torch.as_tensor(cu_q), ("cu_seq_lens", seq_algo, full, query.shape[0], id(cu_k)),
+                        lambda: _documents_from_cu(seq_algo, cu_q, cu_k, full, query.shape[0]))  # fmt: skip
     if position_ids is not None and docs != cu_docs:
         raise ValueError(
             f"{seq_algo}: cu_seq_lens_q and position_ids describe different documents; pass one or make them agree"
         )
     return cu_docs
+
+
+def _documents_from_cu(seq_algo: str, cu_q, cu_k, full: int, batch: int) -> Documents | None:
+    """Documents of ``cu_seq_lens_q`` (host copies: run once per forward, through :func:`cached_on`)."""
+    if cu_k is not None and not torch.equal(torch.as_tensor(cu_q).cpu(), torch.as_tensor(cu_k).cpu()):
+        raise NotImplementedError(f"{seq_algo}: cu_seq_lens_q != cu_seq_lens_k (cross-attention) is not supported")
+    total = int(torch.as_tensor(cu_q)[-1])
+    if total != full or batch != 1:
+        raise ValueError(
+            f"{seq_algo}: cu_seq_lens_q describe {total} tokens in a batch of {batch}, but the full sequence "
+            f"has {full} tokens in one row: pass the cumulative document lengths of the whole (global) sequence, or "
+            "only position_ids restarting at each document"
+        )
+    return documents_from_cu_seqlens(cu_q)
 
 
 def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
