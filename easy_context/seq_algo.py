@@ -155,22 +155,21 @@ class SeqAlgo:
                 world = torch.distributed.get_world_size(group)
             else:
                 check_shapes(q, k, v, causal=False, v_dim_may_differ=True)
-            if v.shape[-1] != q.shape[-1]:  # checked above, on the inputs as given (every rank the same)
-                v_dim = v.shape[-1]
-                return attn(*equal_head_dims(q, k, v), 0.0, scale, causal, group, position_ids, documents)[..., :v_dim]
+            v_dim = v.shape[-1]  # checked above on the inputs as given (every rank the same); padded once here
+            q, k, v = equal_head_dims(q, k, v)
             if documents is None and position_ids is not None:  # one all-gather per position_ids tensor (cached)
                 documents = local_documents(algo.name, position_ids, group, **opts)
             kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
-            if documents is None:
-                return algo.impl(q, k, v, kern, scale, causal, group, **opts)
-            documents.check(algo.name, q.shape[1] * world, q.shape[0])
-            if not masks_documents:
-                raise NotImplementedError(
-                    f"{algo.name}: this backend does not implement document masking (packed documents: position_ids "
-                    "that restart inside a row); use one of zigzag_ring_attn, dist_flash_attn, ulysses_attn, "
-                    "usp_attn, data_parallel"
-                )
-            return algo.impl(q, k, v, kern, scale, causal, group, documents=documents, **opts)
+            if documents is not None:
+                documents.check(algo.name, q.shape[1] * world, q.shape[0])
+                if not masks_documents:
+                    raise NotImplementedError(
+                        f"{algo.name}: this backend does not implement document masking (packed documents: "
+                        "position_ids that restart inside a row); use one of zigzag_ring_attn, dist_flash_attn, "
+                        "ulysses_attn, usp_attn, data_parallel"
+                    )
+            extra = {} if documents is None else {"documents": documents}
+            return algo.impl(q, k, v, kern, scale, causal, group, **extra, **opts)[..., :v_dim]
 
         attn.__name__ = f"{algo.name}_attn"
         attn.__doc__ = inspect.getdoc(algo.impl)
