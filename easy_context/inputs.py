@@ -53,17 +53,10 @@ def prepare_seq_parallel_inputs(
 
     ``target_ids`` are already shifted by the caller (target i is the token after input i). ``rank`` and
     ``world_size`` are the SP rank and size. Lengths that do not shard evenly raise an error naming
-    :func:`pad_seq_parallel_inputs`.
+    :func:`pad_seq_parallel_inputs` (:meth:`SeqAlgo.check_length <easy_context.seq_algo.SeqAlgo.check_length>`).
     """
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    multiple = seq_multiple(seq_algo, world_size, **options)
-    if input_ids.shape[1] % multiple:
-        raise ValueError(
-            f"{seq_algo}: sequence length {input_ids.shape[1]} is not divisible by {multiple} for "
-            f"world_size={world_size}; pad first with easy_context.pad_seq_parallel_inputs(...) "
-            "(pad tokens with target -100)"
-        )
     shard = lambda x: extract_local(seq_algo, x, rank, world_size, dim=1, **options).to(device)  # noqa: E731
     return {
         "local_input_ids": shard(input_ids),

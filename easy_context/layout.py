@@ -1,8 +1,9 @@
 """The answer to every layout question: how one backend spreads a sequence and its heads over W ranks.
 
 Each backend's :class:`~easy_context.seq_algo.SeqAlgo` owns a layout rule; ``get_seq_algo(name).layout(world_size,
-heads, kv_heads, **options)`` returns a :class:`Layout`. train.py, the evals and the planner ask it instead of
-re-deriving a backend's constraints from its name.
+heads, kv_heads, **options)`` returns a :class:`Layout`. train.py, the evals, the planner and the benches ask it
+instead of re-deriving a backend's constraints from its name. The messages for a length that does not shard
+(:func:`length_error`) and the ``seq_multiple`` call that fixes it (:func:`seq_multiple_call`) live here once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def seq_multiple_call(seq_algo: str, world_size: int | str, options: Mapping[str, Any] | None = None) -> str:
+    """The ``easy_context.seq_multiple(...)`` call that names the length multiple (for error messages)."""
+    given = "".join(f", {k}={v!r}" for k, v in (options or {}).items() if v is not None)
+    return f"easy_context.seq_multiple('{seq_algo}', {world_size}{given})"
+
+
+def length_error(seq_algo: str, length: int, multiple: int, world_size: int,
+                 options: Mapping[str, Any] | None = None, what: str = "sequence length") -> str | None:  # fmt: skip
+    """Why a full sequence of ``length`` cannot be sharded evenly, and how to pad it; None when it can."""
+    if length % multiple == 0:
+        return None
+    given = ", ".join(f"{k}={v!r}" for k, v in (options or {}).items() if v is not None)
+    return (
+        f"{seq_algo}: {what} {length} is not divisible by {multiple} (it must be a multiple of {multiple} on "
+        f"{world_size} ranks{' with ' + given if given else ''}); pad it first with "
+        "easy_context.pad_seq_parallel_inputs(...) (ids, position ids, targets) or easy_context.pad_to_multiple(x, "
+        f"{seq_multiple_call(seq_algo, world_size, options)}, dim=...) -- input ids with the pad token, targets "
+        "with -100 -- or choose a length that divides"
+    )
+
+
+def heads_of(config: Any) -> tuple[int, int]:
+    """(query heads, K/V heads) of a transformers model config (K/V heads default to the query heads)."""
+    heads = config.num_attention_heads
+    return heads, getattr(config, "num_key_value_heads", None) or heads
+
+
 @dataclass(frozen=True)
 class Layout:
     """A backend on ``world_size`` ranks: each holds ``S / shard`` of a length-``S`` sequence (``S % multiple == 0``).
@@ -19,7 +47,9 @@ class Layout:
     ``ring``: ranks a K/V shard travels over (1: none); ``ulysses``: the all-to-all (head-scatter) degree (1: none);
     ``kv_rep``: how often each K/V head is repeated before the all-to-all; ``options``: the backend's options with
     defaults resolved (``ring_degree`` of usp_attn); ``infeasible``: why it cannot run and what to use instead,
-    prefixed with the backend's name (None: it can run).
+    prefixed with the backend's name (None: it can run). What the planner counts: ``blockwise``, attention runs
+    block by block with merged partial results (a stacked K/V copy, fp32 out + LSE accumulators; ring backends, also
+    on one rank); ``borrows_queries``, idle ranks compute blocks of busier ranks' queries (DistFlashAttn's helpers).
     """
 
     seq_algo: str
@@ -31,6 +61,8 @@ class Layout:
     kv_rep: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)
     infeasible: str | None = None
+    blockwise: bool = False
+    borrows_queries: bool = False
 
     def require(self) -> Layout:
         """This layout, or ``ValueError`` naming why it cannot run and what to use instead."""
@@ -38,15 +70,12 @@ class Layout:
             raise ValueError(f"{self.infeasible} ({self.world_size} ranks)")
         return self
 
-    def check_length(self, length: int, what: str = "the sequence length") -> None:
-        """``ValueError`` naming the fix when ``length`` does not shard evenly."""
-        if length % self.multiple:
-            given = "".join(f", {k}={v!r}" for k, v in self.options.items())
-            raise ValueError(
-                f"{what} {length} must be a multiple of {self.multiple} for {self.seq_algo} on {self.world_size} "
-                f"ranks; pad it (easy_context.pad_seq_parallel_inputs, or pad_to_multiple(x, "
-                f"seq_multiple('{self.seq_algo}', {self.world_size}{given}))) or choose a length that divides"
-            )
+    def check_length(self, length: int, what: str = "sequence length") -> Layout:
+        """This layout, or ``ValueError`` naming the fix when ``length`` does not shard evenly."""
+        error = length_error(self.seq_algo, length, self.multiple, self.world_size, self.options, what)
+        if error:
+            raise ValueError(error)
+        return self
 
 
 def ulysses_heads(heads: int, kv_heads: int, degree: int) -> tuple[int, str | None]:
@@ -69,7 +98,7 @@ def ulysses_heads(heads: int, kv_heads: int, degree: int) -> tuple[int, str | No
 
 def ring_rule(world_size: int, heads: int, kv_heads: int) -> dict[str, Any]:
     """Ring backends (zigzag, DistFlashAttn): K/V shards travel over all ranks, no head constraint."""
-    return {"ring": world_size}
+    return {"ring": world_size, "blockwise": True}
 
 
 def ulysses_rule(world_size: int, heads: int, kv_heads: int) -> dict[str, Any]:

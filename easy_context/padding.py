@@ -1,4 +1,4 @@
-"""Sequence-length requirements of the SP layouts, and the padding helper that meets them."""
+"""The padding helper that meets the SP layouts' length multiples (the check and its message: easy_context.layout)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,3 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = 1, value: float |
         return x
     pad = [0, 0] * (x.dim() - 1 - (dim % x.dim())) + [0, extra]
     return F.pad(x, pad, value=value)
-
-
-def check_seq_divisible(seq_algo: str, length: int, multiple: int, world_size: int) -> None:
-    """Raise a clear error when a full sequence of ``length`` cannot be sharded evenly."""
-    if length % multiple != 0:
-        raise ValueError(
-            f"{seq_algo}: sequence length {length} is not divisible by {multiple} (required for world_size="
-            f"{world_size}); pad it first with easy_context.pad_to_multiple(x, "
-            f"easy_context.seq_multiple({seq_algo!r}, {world_size}), dim=...) -- pad input ids with the pad "
-            f"token and targets with -100"
-        )

@@ -11,7 +11,8 @@ with the checks every backend shares (dropout, shapes, kernel choice, default SP
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +22,7 @@ from .documents import Documents, Span, local_documents, spans_of
 from .groups import get_sp_group
 from .kernels import KERNEL_NAMES, default_scale, get_kernel
 from .kernels.base import check_shapes
-from .layout import Layout, ring_rule
-from .padding import check_seq_divisible
+from .layout import Layout, heads_of, length_error, ring_rule, seq_multiple_call
 from .shape_check import check_local_shapes
 
 AttnFunc = Callable[..., torch.Tensor]
@@ -57,6 +57,17 @@ def equal_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
 
 
 @dataclass(frozen=True)
+class OptionFlag:
+    """How a backend option is given on the command line (``--name`` and ``--name-with-dashes``, default None: the
+    backend's own default) and the values worth trying on ``world_size`` ranks (``candidates``, for the planner's
+    search; None: only the default)."""
+
+    help: str
+    type: Callable[[str], Any] = int
+    candidates: Callable[[int], Sequence[Any]] | None = None
+
+
+@dataclass(frozen=True)
 class SeqAlgo:
     """A sequence-parallel backend.
 
@@ -66,7 +77,9 @@ class SeqAlgo:
     ``layout_rule(world_size, heads, kv_heads, **options)`` returns the :class:`~easy_context.layout.Layout` fields
     this backend decides (ring, ulysses, kv_rep, shard, resolved options, infeasible); :meth:`layout` adds the rest;
     ``spans(rank, world_size, seq_local, **options)`` the global rows of a rank's local rows as
-    :class:`~easy_context.documents.Span` runs (None: derived from ``shard``; see :meth:`global_rows`).
+    :class:`~easy_context.documents.Span` runs (None: derived from ``shard``; see :meth:`global_rows`);
+    ``flags``: option name -> :class:`OptionFlag`, the command-line flag of each option (train.py, the evals and the
+    planner add them for every registered backend: :func:`easy_context.registry.add_option_args`).
     """
 
     name: str
@@ -77,6 +90,12 @@ class SeqAlgo:
     options: dict[str, Any] = field(default_factory=dict)  # option name -> default
     layout_rule: Callable[..., dict[str, Any]] = ring_rule
     spans: Callable[..., tuple[Span, ...]] | None = None
+    flags: Mapping[str, OptionFlag] = field(default_factory=dict)
+
+    @property
+    def masks_documents(self) -> bool:
+        """Whether ``impl`` implements document masking (takes ``documents``)."""
+        return "documents" in inspect.signature(self.impl).parameters
 
     def _options(self, kw: dict[str, Any]) -> dict[str, Any]:
         unknown = set(kw) - set(self.options)
@@ -88,7 +107,7 @@ class SeqAlgo:
         opts = self._options(kw)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        check_seq_divisible(self.name, value.shape[dim], self.multiple(world_size, **opts), world_size)
+        self.check_length(value.shape[dim], world_size, **kw)
         return self.shard(value, rank, world_size, dim, **opts).contiguous()
 
     def options_from(self, flags: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +129,39 @@ class SeqAlgo:
         return spans_of(self.shard(torch.arange(full)[None], rank, world_size, 1, **opts)[0])
 
     def seq_multiple(self, world_size: int, **kw) -> int:
+        """The number the full sequence length must be a multiple of on ``world_size`` ranks."""
         return self.multiple(world_size, **self._options(kw))
+
+    def check_length(self, length: int, world_size: int, what: str = "sequence length", **kw) -> None:
+        """``ValueError`` naming the padding that fixes it when a full sequence of ``length`` does not shard."""
+        error = length_error(self.name, length, self.seq_multiple(world_size, **kw), world_size, kw, what)
+        if error:
+            raise ValueError(error)
+
+    def option_choices(self, world_size: int, **given) -> Iterator[dict[str, Any]]:
+        """The option sets worth trying on ``world_size`` ranks: ``given`` (the others at their defaults) first, then
+        every combination of the :attr:`flags` candidates of the options not given (the planner's search)."""
+        given = {k: v for k, v in given.items() if v is not None}
+        self._options(given)  # unknown options raise
+        yield given
+        open_ = [n for n, f in self.flags.items() if n not in given and f.candidates is not None]
+        if open_:
+            for values in itertools.product(*(self.flags[n].candidates(world_size) for n in open_)):
+                yield {**given, **dict(zip(open_, values))}
+
+    def feasible_layouts(self, world_size: int, heads: int, kv_heads: int | None = None, **given) -> Iterator[Layout]:
+        """The layouts this backend can run over :meth:`option_choices` (the default first), one per resolved
+        option set: what the planner searches and the benches pick their variants from."""
+        seen = []
+        for opts in self.option_choices(world_size, **given):
+            lay = self.layout(world_size, heads, kv_heads, **opts)
+            if lay.infeasible is None and lay.options not in seen:
+                seen.append(lay.options)
+                yield lay
+
+    def model_layout(self, world_size: int, config: Any, **kw) -> Layout:
+        """:meth:`layout` for the heads of a transformers model ``config``."""
+        return self.layout(world_size, *heads_of(config), **kw)
 
     def layout(self, world_size: int, heads: int, kv_heads: int | None = None, **kw) -> Layout:
         """How this backend spreads a sequence and ``heads`` query / ``kv_heads`` K/V heads over ``world_size``
@@ -135,9 +186,8 @@ class SeqAlgo:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {KERNEL_NAMES}")
         opts = self._options(kw)
         algo = self
-        given = "".join(f", {k}={v!r}" for k, v in kw.items())
-        pad_hint = f"easy_context.seq_multiple('{algo.name}', world_size{given})"
-        masks_documents = "documents" in inspect.signature(algo.impl).parameters
+        pad_hint = seq_multiple_call(algo.name, "world_size", kw)
+        masks_documents = algo.masks_documents
 
         def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None,
                  position_ids: torch.Tensor | None = None, documents: Documents | None = None):  # fmt: skip
@@ -163,10 +213,11 @@ class SeqAlgo:
             if documents is not None:
                 documents.check(algo.name, q.shape[1] * world, q.shape[0])
                 if not masks_documents:
+                    from .registry import document_masking_algos
+
                     raise NotImplementedError(
                         f"{algo.name}: this backend does not implement document masking (packed documents: "
-                        "position_ids that restart inside a row); use one of zigzag_ring_attn, dist_flash_attn, "
-                        "ulysses_attn, usp_attn, data_parallel"
+                        f"position_ids that restart inside a row); use one of {', '.join(document_masking_algos())}"
                     )
             extra = {} if documents is None else {"documents": documents}
             return algo.impl(q, k, v, kern, scale, causal, group, **extra, **opts)[..., :v_dim]

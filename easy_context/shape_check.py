@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .kernels.base import check_shapes
+from .layout import seq_multiple_call
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
@@ -77,7 +78,7 @@ def check_local_shapes(algo: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         raise ValueError(f"{algo}: SP rank(s) {bad} of this group rejected their attention inputs (their error "
                          "says why); every rank must call attention with valid, equally sharded q, k, v")  # fmt: skip
     if len({row[1:10] for row in rows}) != 1 or len({row[13] for row in rows}) != 1:
-        hint = pad_hint or f"easy_context.seq_multiple('{algo}', world_size)"
+        hint = pad_hint or seq_multiple_call(algo, "world_size")
         raise ValueError(
             f"{algo}: every rank must hold a shard of the same shape and dtype; got local (q shape, k shape, dtype "
             f"code, v head dim) {[(row[1:5], row[5:9], row[9], row[13]) for row in rows]} (local lengths "

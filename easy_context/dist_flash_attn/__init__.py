@@ -1,15 +1,23 @@
 """DistFlashAttn backend (LightSeq, Li et al. 2023): contiguous shards, helper ranks balance causal work."""
 
+from ..layout import ring_rule
 from ..seq_algo import SeqAlgo
 from .attention import dist_backward, dist_flash_attention, dist_forward
 from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_spans, contiguous_unshard
 from .schedule import Task, build_schedule, rank_kernel_calls, rank_work
+
+
+def helper_rule(world_size: int, heads: int, kv_heads: int) -> dict:
+    """A ring over all ranks, with helper ranks computing blocks of the busier ranks' queries."""
+    return {**ring_rule(world_size, heads, kv_heads), "borrows_queries": world_size > 1}
+
 
 ALGO = SeqAlgo(
     name="dist_flash_attn",
     shard=contiguous_shard,
     multiple=contiguous_multiple,
     impl=dist_flash_attention,
+    layout_rule=helper_rule,
     spans=contiguous_spans,
 )
 
@@ -23,6 +31,7 @@ __all__ = [
     "dist_backward",
     "dist_flash_attention",
     "dist_forward",
+    "helper_rule",
     "rank_kernel_calls",
     "rank_work",
 ]
