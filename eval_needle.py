@@ -32,6 +32,7 @@ from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.models import PRESETS, missing_local_path
 from easy_context.process_exit import exit_process
+from easy_context.registry import option_values
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,7 +73,7 @@ def main(argv=None) -> None:
         lengths = context_lengths(args.min_context_length, args.max_context_length, args.context_interval)
         depths = depth_percents(args.depth_interval)
         text = read_haystack_text(args.haystack_dir)
-        runtime = init_runtime(args.parallel_mode, args.ring_degree)
+        runtime = init_runtime(args.parallel_mode, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
         model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args)
     except (OSError, RuntimeError, ValueError) as exc:

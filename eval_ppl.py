@@ -30,6 +30,7 @@ from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.loss import CausalLMWithLoss
 from easy_context.models import PRESETS, missing_local_path
 from easy_context.process_exit import exit_process
+from easy_context.registry import option_values
 
 DEFAULT_DATASET = "PaulGrahamEssays"
 
@@ -100,7 +101,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         lengths = ppl_lengths(args.min_tokens, args.max_tokens, args.tokens_step)
-        runtime = init_runtime(args.parallel_mode, args.ring_degree)
+        runtime = init_runtime(args.parallel_mode, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model[0]))
         samples = load_samples(args, tokenizer, lengths[-1])
     except (OSError, RuntimeError, ValueError) as exc:

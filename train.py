@@ -30,7 +30,6 @@ from easy_context import cli
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
 from easy_context.deepspeed_precision import deepspeed_precision_error
 from easy_context.groups import launch_error
-from easy_context.kernels import KERNEL_NAMES
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
     CausalLMWithLoss,
@@ -43,6 +42,7 @@ from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
 from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.process_exit import exit_process
+from easy_context.registry import add_backend_args, option_values, unknown_mode_error
 from easy_context.train_state import (
     CheckpointError,
     EpochShuffleSampler,
@@ -99,10 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-skips-in-a-row", type=positive_int, default=10, metavar="N",
                    help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
     p.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base (default: the model's)")
-    p.add_argument("--parallel_mode", "--parallel-mode", default="zigzag_ring_attn", help=", ".join(ec.SEQ_ALGOS))
-    p.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
+    add_backend_args(p, default="zigzag_ring_attn")  # --parallel_mode, each backend's options, --kernel
     p.add_argument("--sp-size", type=int, default=None, help="ranks per sequence (DP x SP); default all")
-    p.add_argument("--kernel", default="auto", choices=KERNEL_NAMES, help="local attention kernel")
     p.add_argument(
         "--checkpointing",
         default="full",
@@ -160,25 +158,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--vocab-size is for --dataset random (a real dataset's ids come from its tokenizer)")
     if args.random_rows is not None and args.model in PRESETS and not (args.tokenizer or args.vocab_size):
         p.error(f"--model {args.model} with --dataset {args.dataset}: give --vocab-size (or --tokenizer)")
-    if args.parallel_mode not in ec.SEQ_ALGOS:
-        p.error(f"unknown --parallel_mode {args.parallel_mode!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
+    if unknown_mode_error(args.parallel_mode):
+        p.error(unknown_mode_error(args.parallel_mode))
     return args
 
 
 def backend_options(args) -> dict:
     """The options the chosen backend takes (``SeqAlgo.options``), from the flags of the same names."""
     try:
-        return ec.get_seq_algo(args.parallel_mode).options_from({"ring_degree": args.ring_degree})
+        return ec.get_seq_algo(args.parallel_mode).options_from(option_values(args))
     except ValueError as exc:
         sys.exit(f"error: --{exc}")
 
 
 def check_layout(args, sp_size: int, config, opts: dict) -> None:
     """Fail fast, with one line, on a layout the backend cannot run (the backend's own layout rule decides)."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
     try:
-        layout = ec.get_seq_algo(args.parallel_mode).layout(sp_size, heads, kv_heads, **opts).require()
+        layout = ec.get_seq_algo(args.parallel_mode).model_layout(sp_size, config, **opts).require()
         layout.check_length(args.seq_length, "--seq-length")
     except ValueError as exc:
         sys.exit(f"error: {exc}")

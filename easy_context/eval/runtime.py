@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import easy_context as ec
 from easy_context.groups import launch_error
+from easy_context.registry import add_backend_args, unknown_mode_error
 
 DEFAULT_SP_MODE = "zigzag_ring_attn"
 
@@ -85,23 +86,24 @@ def _make_accelerator():
     return accelerator
 
 
-def init_runtime(parallel_mode: str | None, ring_degree: int | None = None) -> EvalRuntime:
-    """Join (or create) the process group and pick the backend (``None``: :func:`default_parallel_mode`)."""
+def init_runtime(parallel_mode: str | None, ring_degree: int | None = None, **options) -> EvalRuntime:
+    """Join (or create) the process group and pick the backend (``None``: :func:`default_parallel_mode`).
+
+    ``ring_degree`` and ``options``: backend option flags (None: not given), e.g. ``registry.option_values(args)``
+    of the parsed :func:`add_runtime_args`; a flag given to a backend that does not take it raises ``ValueError``."""
     accelerator = _make_accelerator()
     world, rank = dist.get_world_size(), dist.get_rank()
     seq_algo = parallel_mode or default_parallel_mode(world)
-    if seq_algo not in ec.SEQ_ALGOS:
-        raise ValueError(f"unknown --parallel_mode {seq_algo!r}; choose one of {', '.join(ec.SEQ_ALGOS)}")
+    if unknown_mode_error(seq_algo):
+        raise ValueError(unknown_mode_error(seq_algo))
     ec.init_sp_groups(None)
-    options = ec.get_seq_algo(seq_algo).options_from({"ring_degree": ring_degree})
+    options = ec.get_seq_algo(seq_algo).options_from({"ring_degree": ring_degree, **options})
     return EvalRuntime(rank, world, accelerator.device, seq_algo, options, accelerator)
 
 
 def check_layout(runtime: EvalRuntime, config) -> None:
     """Raise ValueError, naming the fix, for heads the backend cannot split over the ranks (the backend decides)."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    ec.get_seq_algo(runtime.seq_algo).layout(runtime.world_size, heads, kv_heads, **runtime.options).require()
+    ec.get_seq_algo(runtime.seq_algo).model_layout(runtime.world_size, config, **runtime.options).require()
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -186,18 +188,14 @@ def position_warning(config, length: int, model_name: str) -> str | None:
 
 
 def add_runtime_args(parser) -> None:
-    """The flags both evals share: tokenizer, backend, kernel, RoPE base, dtype, seed."""
-    from ..kernels import KERNEL_NAMES
-
+    """The flags both evals share: tokenizer, backend (its options, kernel), RoPE base, dtype, seed."""
     parser.add_argument("--tokenizer", default=None, help="defaults to the (first) --model; required for presets")
-    parser.add_argument(
-        "--parallel_mode",
-        "--parallel-mode",
+    add_backend_args(
+        parser,
         default=None,
-        help=f"{', '.join(ec.SEQ_ALGOS)}; default {DEFAULT_SP_MODE} on several processes, data_parallel on one",
+        mode_help=f"{', '.join(ec.SEQ_ALGOS)}; default {DEFAULT_SP_MODE} on several processes, data_parallel on one",
+        kernel_help="local attention kernel (SP modes)",
     )
-    parser.add_argument("--ring_degree", "--ring-degree", type=int, default=None, help="usp_attn: ring size")
-    parser.add_argument("--kernel", default="auto", choices=KERNEL_NAMES, help="local attention kernel (SP modes)")
     parser.add_argument("--rope_theta", "--rope-theta", type=float, default=None, help="override the RoPE base")
     parser.add_argument(
         "--dtype",
