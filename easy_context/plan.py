@@ -258,11 +258,11 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
-from . import cli
+from . import cli, registry
 from .layout import Layout
 
 GB = 1e9
-MODES = ("zigzag_ring_attn", "dist_flash_attn", "ulysses_attn", "usp_attn", "data_parallel")
+MODES = registry.SEQ_ALGOS  # the built-in backends; the planner takes every registered one (registry.SEQ_ALGOS)
 OPTIMS = ("zero3_offload", "zero3_offload_optimizer", "zero3", "ddp", "host_adamw")
 MAX_LIVE_PARAMETERS = 1e9  # stage3_max_live_parameters in accelerate_configs/zero3_offload.json
 SUB_GROUP_SIZE = 1e9  # sub_group_size in the same file
@@ -509,21 +509,13 @@ class Term:
 
 
 def mode_layout(mode: str, shape: ModelShape, setup: Setup) -> Layout:
-    """The backend's own layout on the SP size; options it leaves open (usp_attn's ring_degree) are searched: its
+    """The backend's own layout on the SP size. Its options set in ``setup`` (a field of the option's name, e.g.
+    ``ring_degree``) are taken as given; those left open are searched (``SeqAlgo.option_choices``): the backend's
     default first, then every other choice, the first one the heads allow."""
-    from .registry import get_seq_algo
-
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-    algo = get_seq_algo(mode)
-    w = setup.sp_size
-    if "ring_degree" not in algo.options:
-        return algo.layout(w, shape.heads, shape.kv_heads)
-    if setup.ring_degree is not None:
-        return algo.layout(w, shape.heads, shape.kv_heads, ring_degree=setup.ring_degree)
-    first = algo.layout(w, shape.heads, shape.kv_heads)
-    others = (algo.layout(w, shape.heads, shape.kv_heads, ring_degree=r) for r in range(1, w + 1) if w % r == 0)
-    return next((lay for lay in (first, *others) if lay.infeasible is None), first)
+    algo = registry.get_seq_algo(mode)
+    given = {name: getattr(setup, name, None) for name in algo.options}
+    feasible = algo.feasible_layouts(setup.sp_size, shape.heads, shape.kv_heads, **given)
+    return next(feasible, None) or algo.layout(setup.sp_size, shape.heads, shape.kv_heads, **given)
 
 
 @dataclass
@@ -629,7 +621,7 @@ def build_budget(
         if not 0 <= k <= stored:
             raise ValueError(f"offload_layers must be in 0..{stored}, got {offload_layers}")
     resident = stored - k  # layer inputs kept on the GPU: those of the LAST stored - k groups
-    ring = lay.seq_algo in ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
+    ring = lay.blockwise
     uly = lay.ulysses > 1
 
     reserve = [Term("CUDA context + cuBLAS/cuDNN workspaces", setup.cuda_reserve)]
@@ -718,7 +710,7 @@ def build_budget(
             fwd.append(Term("ring: K/V in flight", per_token=2 * Kr))
         fwd.append(Term("ring: fp32 out + lse accumulators", per_token=Qf + LSE))
         fwd.append(Term("ring: one block's kernel out + lse", per_token=Q + LSE))
-        if lay.seq_algo == "dist_flash_attn" and lay.ring > 1:
+        if lay.borrows_queries:
             fwd.append(Term("dist_flash: borrowed q + helper's fp32 partial out, lse", per_token=Q + Qf + LSE))
     else:
         fwd.append(Term("kernel out + lse", per_token=Q + LSE))
@@ -766,7 +758,7 @@ def build_budget(
         bwd.append(Term("ring: fp32 dK/dV travelling" + (" + in flight" if lay.ring > 1 else ""),
                         per_token=4 * Kr * (2 if lay.ring > 1 else 1)))  # fmt: skip
         bwd.append(Term("one block's kernel dq, dk, dv", per_token=Q + 2 * Kr))
-        if lay.seq_algo == "dist_flash_attn" and lay.ring > 1:
+        if lay.borrows_queries:
             bwd.append(Term("dist_flash: borrowed q, dout, out, lse + fp32 partial dq", per_token=3 * Q + LSE + Qf))
     else:
         bwd.append(Term("kernel dq, dk, dv", per_token=Q + 2 * Kr))
@@ -917,7 +909,7 @@ def predict(shape: ModelShape, setup: Setup, mode: str, option: MemOption) -> Pr
     ``offload-split``: for each number k of offloaded layer inputs the bytes are linear in s; the longest S is the
     best over k = L .. 0 (the host full, each further token costs the L - k resident layer inputs on the GPU)."""
     lay = mode_layout(mode, shape, setup)
-    rd = lay.ring if mode == "usp_attn" else None
+    rd = lay.options.get("ring_degree")
     if lay.infeasible:
         return Prediction(mode, option.name, 0, "infeasible", lay.infeasible, ring_degree=rd)
     split = option.checkpointing == "offload-split"
@@ -960,9 +952,9 @@ def best_prediction(shape: ModelShape, setup: Setup, mode: str, option: MemOptio
     return best
 
 
-def plan(shape: ModelShape, setup: Setup, modes=MODES, options=OPTIONS) -> list[Prediction]:
-    """One :class:`Prediction` per mode x memory option set."""
-    return [best_prediction(shape, setup, m, o) for m in modes for o in options]
+def plan(shape: ModelShape, setup: Setup, modes=None, options=OPTIONS) -> list[Prediction]:
+    """One :class:`Prediction` per mode (default: every registered backend) x memory option set."""
+    return [best_prediction(shape, setup, m, o) for m in modes or registry.SEQ_ALGOS for o in options]
 
 
 # ---------------------------------------------------------------------------------------------------- anchors
@@ -1184,9 +1176,10 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
     ap.add_argument("--host-mem", default="1TB", help="per node")
     ap.add_argument("--gpus-per-node", type=int, default=None, help="default min(gpus, 8)")
-    ap.add_argument("--sp", nargs="+", default=list(MODES), choices=MODES, metavar="MODE", help=f"{MODES}")
+    modes = registry.SEQ_ALGOS
+    ap.add_argument("--sp", nargs="+", default=list(modes), choices=modes, metavar="MODE", help=f"{modes}")
     ap.add_argument("--sp-size", type=int, default=None, help="SP group size W (default all GPUs)")
-    ap.add_argument("--ring-degree", type=int, default=None, help="usp_attn ring degree (default: repo default)")
+    registry.add_option_args(ap)  # each backend's options (usp_attn's --ring-degree); default: searched
     ap.add_argument("--optim", default="zero3_offload", choices=OPTIMS, help="optimizer state placement")
     ap.add_argument(
         "--options",
@@ -1276,19 +1269,19 @@ def main(argv: list[str] | None = None) -> int:
         cuda_reserve=parse_size(args.cuda_reserve),
         host_reserve=parse_size(args.host_reserve),
         pinned_pow2=not args.no_pinned_pow2,
-        ring_degree=args.ring_degree,
         norm=args.norm or "eager",
         checkpoint_every=args.checkpoint_every,
+        **{k: v for k, v in registry.option_values(args).items() if k in Setup.__dataclass_fields__},
     )
     options = [OPTION_BY_NAME[o] for o in args.options]
     preds = plan(shape, setup, args.sp, options)
     if args.show:  # a mode and a concrete configuration (e.g. zigzag_ring_attn:offload+tiled)
         mode, _, cfg = args.show.partition(":")
-        if mode not in MODES:
+        if mode not in registry.SEQ_ALGOS:
             ap.error(f"--show: unknown mode {mode!r}")
         chosen = predict(shape, setup, mode, parse_config(cfg or "offload+tiled+chunked"))
-    else:  # the longest prediction (first mode in MODES order on ties)
-        chosen = max(preds, key=lambda p: (p.max_seq, -MODES.index(p.mode)))
+    else:  # the longest prediction (the first registered mode on ties)
+        chosen = max(preds, key=lambda p: (p.max_seq, -registry.SEQ_ALGOS.index(p.mode)))
     seq = args.seq if args.seq is not None else chosen.max_seq
     if seq <= 0:
         seq = math.lcm(mode_layout(chosen.mode, shape, setup).multiple, ROUND_TOKENS)
