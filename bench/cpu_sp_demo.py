@@ -27,6 +27,14 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).abs().max() / ref.abs().max()).item()
 
 
+def demo_options(seq_algo: str, world: int, heads: int, kv_heads: int) -> dict:
+    """The backend's options whose layout runs the most of its code on ``world`` ranks: an all-to-all where it has
+    one, a ring where it has one (usp_attn: ring_degree 1 on 2 ranks, a 2 x 2 mesh on 4)."""
+    layouts = ec.get_seq_algo(seq_algo).feasible_layouts(world, heads, kv_heads)
+    best = max(layouts, key=lambda lay: (lay.ulysses > 1, lay.ring > 1), default=None)
+    return {} if best is None else dict(best.options)  # none feasible: the attention call says why
+
+
 def _worker(rank: int, world: int, port: int, args, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
@@ -42,9 +50,9 @@ def _worker(rank: int, world: int, port: int, args, results) -> None:
     ref_out.backward(dout.double())
     refs = [ref_out.detach()] + [x.grad for x in leaves]
     for algo in ec.SEQ_ALGOS:
-        if algo == "data_parallel":
+        if not ec.get_seq_algo(algo).distributed:
             continue
-        opts = {"ring_degree": 1 if world == 2 else 2} if algo == "usp_attn" else {}
+        opts = demo_options(algo, world, h, hkv)
         shard = lambda x, algo=algo, opts=opts: ec.extract_local(algo, x, rank, world, **opts)
         attn = ec.get_attn_func(algo, **opts)
         times = []

@@ -32,12 +32,17 @@ def rel(x, ref):
     return ((x.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
-def algos(world):
-    out = [("zigzag_ring_attn", {}), ("ulysses_attn", {}), ("dist_flash_attn", {})]
-    if world >= 4:
-        out.append(("usp_attn", {"ring_degree": 2}))
-    if world >= 2:
-        out.append(("usp_attn", {"ring_degree": world}))
+def algos(world: int, heads: int, kv_heads: int) -> list[tuple[str, dict]]:
+    """(backend, options) of every SP backend: its default layout and, where its options offer more, the last
+    choice too (usp_attn: ring_degree 2 x Ulysses and the pure ring, ring_degree = world)."""
+    out = []
+    for name in ec.SEQ_ALGOS:
+        algo = ec.get_seq_algo(name)
+        if not algo.distributed:
+            continue
+        choices = list(algo.option_choices(world))
+        variants = [dict(algo.layout(world, heads, kv_heads, **c).options) for c in (choices[0], choices[-1])]
+        out += [(name, opts) for i, opts in enumerate(variants) if opts not in variants[:i]]
     return out
 
 
@@ -52,7 +57,7 @@ def parity(rank, world, dev, rows):
             ref = ec.get_attn_func("data_parallel", kernel="efficient")(*leaves)
             ref.backward(dout.float())
             refs = [ref.detach()] + [x.grad for x in leaves]
-            for algo, opts in algos(world):
+            for algo, opts in algos(world, hq, hkv):
                 shard = lambda x, a=algo, o=opts: ec.extract_local(a, x, rank, world, **o)  # noqa: E731
                 ql, kl, vl = (shard(x).requires_grad_() for x in (q, k, v))
                 out = ec.get_attn_func(algo, kernel=kernel, **opts)(ql, kl, vl)
@@ -102,7 +107,7 @@ def speed_at(s, rank, world, dev, rows):
         kern.backward(dout, q, k, v, o, lse, True, 128**-0.5)
 
     t_one = timed(mono)
-    for algo, opts in algos(world):
+    for algo, opts in algos(world, 32, 32):
         shard = lambda x, a=algo, o=opts: ec.extract_local(a, x, rank, world, **o)  # noqa: E731
         ql, kl, vl, dl = (shard(x).requires_grad_(x is not dout) for x in (q, k, v, dout))
         attn = ec.get_attn_func(algo, kernel="cudnn", **opts)

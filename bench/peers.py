@@ -54,9 +54,8 @@ def build(name: str, group, device: torch.device, dtype: torch.dtype, head_dim: 
     """(attention over local shards, shard fn(x, rank, world), label) for ``name``; raises if unavailable."""
     if name.startswith("ours:") or name == "ringflash_standin":
         _, algo, kernel = name.split(":") if name != "ringflash_standin" else ("", "zigzag_ring_attn", "flash")
-        opts = {"ring_degree": 2} if algo == "usp_attn" and dist.get_world_size(group) % 2 == 0 else {}
-        attn = ec.get_attn_func(algo, kernel=kernel, **opts)
-        shard = lambda x, r, w: ec.extract_local(algo, x, r, w, **opts)  # noqa: E731
+        attn = ec.get_attn_func(algo, kernel=kernel)  # the backend's default options (usp_attn: its ring degree)
+        shard = lambda x, r, w: ec.extract_local(algo, x, r, w)  # noqa: E731
         label = "ring-flash-attn stand-in: our zigzag on the FA2 kernel" if name == "ringflash_standin" else name
         return (lambda q, k, v: attn(q, k, v, causal=True, group=group)), shard, label
     if name == "deepspeed_ulysses":
