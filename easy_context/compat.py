@@ -8,11 +8,16 @@ patches switch models of that type built afterwards, as EasyContext's class patc
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .inputs import prepare_seq_parallel_inputs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Inputs = dict[str, torch.Tensor]
 _USP_RING_DEGREE: list[int | None] = []  # the ring degree of apply_usp_attn_monkey_patch_llama, once applied
@@ -27,14 +32,56 @@ def _prepare(seq_algo: str) -> Callable[..., Inputs]:
     return prepare
 
 
-def _patch(seq_algo: str, model_type: str) -> Callable[[], None]:
-    def patch() -> None:
-        from .hf import apply_seq_parallel_monkey_patch
+def _config_of(model: Any, key: str) -> Any:
+    return getattr(getattr(model, "config", None), key, None)
 
-        apply_seq_parallel_monkey_patch(seq_algo, model_type)
+
+def _switch(seq_algo: str, model_type: str, model: PreTrainedModel | None, **options: Any) -> PreTrainedModel | None:
+    """EasyContext's ``apply_<seq_algo>_monkey_patch_<model_type>()`` mapped onto switching models.
+
+    EasyContext replaced methods of transformers' ``model_type`` classes, which changed models built before the
+    call too. Here models of that type built after the call are switched, and ``model``, if given, is switched now
+    (returned). Without ``model``, a model of that type that is already built and not on this attention would
+    silently keep its own: that is refused with an error naming the fix.
+    """
+    from transformers import PreTrainedModel
+
+    from .hf import apply_seq_parallel_monkey_patch, attention_name
+
+    fn = f"apply_{seq_algo}_monkey_patch_{model_type}"
+    if model is not None and _config_of(model, "model_type") != model_type:
+        got = _config_of(model, "model_type") or type(model).__name__
+        raise TypeError(
+            f"{fn}(model=...) switches {model_type} models, got {got!r}: use "
+            f"easy_context.apply_seq_parallel_monkey_patch({seq_algo!r}, model) (any supported model type)"
+        )
+    if model is None:
+        name = attention_name(seq_algo, **options)
+        gc.collect()  # unreachable models (reference cycles) are not "built" models
+        built = [m for m in gc.get_objects() if issubclass(type(m), PreTrainedModel)]
+        built = [m for m in built if _config_of(m, "model_type") == model_type]
+        built = [m for m in built if _config_of(m, "_attn_implementation") != name]
+        if built:
+            classes = ", ".join(sorted({type(m).__name__ for m in built}))
+            raise RuntimeError(
+                f"{fn}(): {len({id(m.config) for m in built})} {model_type} model(s) already built ({classes}) "
+                f"would keep their own attention (EasyContext patched transformers' {model_type} classes, which "
+                f"changed built models too; easy_context switches models). Pass it: {fn}(model=model), or call "
+                f"{fn}() before building it; to leave built models as they are, use "
+                f"easy_context.apply_seq_parallel_monkey_patch({seq_algo!r}, {model_type!r})"
+            )
+    apply_seq_parallel_monkey_patch(seq_algo, model_type, **options)
+    return None if model is None else apply_seq_parallel_monkey_patch(seq_algo, model, **options)
+
+
+def _patch(seq_algo: str, model_type: str) -> Callable[..., PreTrainedModel | None]:
+    def patch(model: PreTrainedModel | None = None) -> PreTrainedModel | None:
+        return _switch(seq_algo, model_type, model)
 
     patch.__name__ = patch.__qualname__ = f"apply_{seq_algo}_monkey_patch_{model_type}"
-    patch.__doc__ = f"EasyContext: {model_type} models built from now on attend with {seq_algo}."
+    patch.__doc__ = (
+        f"EasyContext: {model_type} models built from now on (and ``model``, if given) attend with {seq_algo}."
+    )
     return patch
 
 
@@ -70,13 +117,15 @@ def prepare_usp_attn_inputs(
     )
 
 
-def apply_usp_attn_monkey_patch_llama(ring_degree: int | None = None) -> None:
-    """EasyContext: llama models built from now on attend with usp_attn (``ring_degree`` None: the backend's
-    default for the world size; give the one :func:`prepare_usp_attn_inputs` shards with)."""
-    from .hf import apply_seq_parallel_monkey_patch
-
-    apply_seq_parallel_monkey_patch("usp_attn", "llama", ring_degree=ring_degree)
+def apply_usp_attn_monkey_patch_llama(
+    ring_degree: int | None = None, model: PreTrainedModel | None = None
+) -> PreTrainedModel | None:
+    """EasyContext: llama models built from now on (and ``model``, if given) attend with usp_attn over
+    ``ring_degree`` ring ranks (None: the backend's default for the SP size; give the one
+    :func:`prepare_usp_attn_inputs` shards with)."""
+    switched = _switch("usp_attn", "llama", model, ring_degree=ring_degree)
     _USP_RING_DEGREE[:] = [ring_degree]
+    return switched
 
 
 __all__ = [
