@@ -43,15 +43,16 @@ def prepare_seq_parallel_inputs(
     seq_algo: str,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor | None,
-    target_ids: torch.Tensor,
+    target_ids: torch.Tensor | None,
     rank: int,
     world_size: int,
     device: torch.device | str,
     **options,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor | None]:
     """This rank's shard of (batch, seq) ids: ``{"local_input_ids", "local_position_ids", "local_target_ids"}``.
 
-    ``target_ids`` are already shifted by the caller (target i is the token after input i). ``rank`` and
+    ``target_ids`` are already shifted by the caller (target i is the token after input i); None (inference, as in
+    EasyContext) gives ``local_target_ids`` None. ``rank`` and
     ``world_size`` are the SP rank and size. Lengths that do not shard evenly raise an error naming
     :func:`pad_seq_parallel_inputs` (:meth:`SeqAlgo.check_length <easy_context.seq_algo.SeqAlgo.check_length>`).
     """
@@ -61,5 +62,5 @@ def prepare_seq_parallel_inputs(
     return {
         "local_input_ids": shard(input_ids),
         "local_position_ids": shard(position_ids),
-        "local_target_ids": shard(target_ids),
+        "local_target_ids": None if target_ids is None else shard(target_ids),
     }

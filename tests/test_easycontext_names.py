@@ -148,3 +148,14 @@ def test_patch_names_the_generic_call_for_another_model_type():
     with pytest.raises(TypeError, match=r"switches llama models, got 'mistral'.*apply_seq_parallel_monkey_patch"):
         ec.apply_dist_flash_attn_monkey_patch_llama(model=mistral)
     assert mistral.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("seq_algo, name, world", PREPARES[1::2])
+def test_prepare_without_targets_gives_none_targets(seq_algo, name, world):
+    """EasyContext's inference call: target_ids None shards the inputs and gives local_target_ids None."""
+    inputs, positions, _ = batch(24)
+    got = easycontext(name)(inputs, positions, None, 1, world, "cpu")
+    want = ec.prepare_seq_parallel_inputs(seq_algo, inputs, positions, inputs, 1, world, "cpu")
+    assert got["local_target_ids"] is None
+    assert torch.equal(got["local_input_ids"], want["local_input_ids"])
+    assert torch.equal(got["local_position_ids"], want["local_position_ids"])
