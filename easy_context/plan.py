@@ -264,6 +264,13 @@ from .layout import Layout
 GB = 1e9
 MODES = registry.SEQ_ALGOS  # the built-in backends; the planner takes every registered one (registry.SEQ_ALGOS)
 OPTIMS = ("zero3_offload", "zero3_offload_optimizer", "zero3", "ddp", "host_adamw")
+OPTIM_CONFIGS = {  # how each --optim is launched, for {gpus} processes
+    "zero3_offload": "accelerate launch --config_file accelerate_configs/single_node.yaml --num_processes {gpus}",
+    "zero3_offload_optimizer": "a ZeRO-3 config like accelerate_configs/zero3_offload.json without offload_param",
+    "zero3": "a ZeRO-3 config like accelerate_configs/zero3_offload.json without offloading",
+    "ddp": "accelerate launch --multi_gpu --num_processes {gpus}",
+    "host_adamw": "accelerate launch --multi_gpu --num_processes {gpus}",
+}
 MAX_LIVE_PARAMETERS = 1e9  # stage3_max_live_parameters in accelerate_configs/zero3_offload.json
 SUB_GROUP_SIZE = 1e9  # sub_group_size in the same file
 LOSS_CHUNK = 1024  # easy_context.loss.chunked_ce.DEFAULT_CHUNK_SIZE
@@ -1129,6 +1136,30 @@ def format_breakdown(shape: ModelShape, setup: Setup, budget: Budget, seq: int) 
     return "\n".join(lines)
 
 
+def train_flags(shape: ModelShape, setup: Setup, mode: str, config: str, seq: int, budget: Budget) -> str:
+    """The train.py flags that select ``mode`` and the memory configuration ``config`` (a :func:`parse_config`
+    name) at ``seq`` tokens: what a planner row means on the command line."""
+    option, r = parse_config(config), budget.at(seq)
+    flags = [f"--parallel_mode {mode}", f"--seq-length {seq}"]
+    if setup.sp_size != setup.gpus:
+        flags.append(f"--sp-size {setup.sp_size}")
+    flags += [f"--{name.replace('_', '-')} {value}" for name, value in budget.layout.options.items()]
+    flags.append("--checkpointing " + ("full" if option.checkpointing == "full" else "offload"))
+    if option.checkpointing == "offload-split":
+        flags.append(f"--offload-layers {r['offload_layers']}")
+    if setup.checkpoint_every > 1:
+        flags.append(f"--checkpoint-every {setup.checkpoint_every}")
+    if option.tiled_mlp:
+        tile = setup.mlp_tile_tokens or shape.hidden
+        flags.append(f"--tiled-mlp {setup.mlp_tiles or max(1, math.ceil(r['local_tokens'] / tile))}")
+    flags.append("--loss " + ("chunked" if option.chunked_loss else "plain"))
+    if setup.norm == "chunked":
+        flags.append("--chunked-rmsnorm")
+    if setup.optim == "host_adamw":
+        flags.append("--optimizer host_adamw")
+    return " ".join(flags)
+
+
 def format_summary(preds: list[Prediction], setup: Setup) -> str:
     modes = list(dict.fromkeys(p.mode for p in preds))
     opts = list(dict.fromkeys(p.option for p in preds))
@@ -1252,7 +1283,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         ap.error("--model is required")
 
-    shape = load_model_shape(args.model, args.vocab_size)
+    try:
+        shape = load_model_shape(args.model, args.vocab_size)
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     if args.mlp_tiles != "auto" and args.mlp_tile_tokens:
         ap.error("give --mlp-tiles or --mlp-tile-tokens, not both")
     setup = Setup(
@@ -1286,6 +1320,7 @@ def main(argv: list[str] | None = None) -> int:
     if seq <= 0:
         seq = math.lcm(mode_layout(chosen.mode, shape, setup).multiple, ROUND_TOKENS)
     budget = budget_at(shape, setup, chosen.mode, parse_config(chosen.config), seq, args.offload_layers)
+    flags = train_flags(shape, setup, chosen.mode, chosen.config, seq, budget)
 
     if args.json:
         r = budget.at(seq)
@@ -1298,7 +1333,8 @@ def main(argv: list[str] | None = None) -> int:
                            phase_totals=r["phase_totals"], gpu={n: b for n, b in r["gpu"]},
                            gpu_allocated=r["gpu_allocated"], gpu_total=r["gpu_total"],
                            host={n: b for n, b in r["host"]}, host_peak_phase=r["host_peak_phase"],
-                           host_phase_totals=r["host_phase_totals"], host_total=r["host_total"]),
+                           host_phase_totals=r["host_phase_totals"], host_total=r["host_total"],
+                           train_flags=flags),
         )  # fmt: skip
         if args.anchors:
             out["anchors"] = anchors()
@@ -1314,6 +1350,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(format_breakdown(shape, setup, budget, seq))
+    launch = OPTIM_CONFIGS[setup.optim].format(gpus=setup.gpus)
+    print(f"  as a run ({setup.optim}; {launch}): train.py {flags}")
     print()
     print(format_summary(preds, setup))
     if args.anchors:

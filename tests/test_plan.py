@@ -480,3 +480,37 @@ def test_checkpoint_every_stores_one_input_per_group():
     assert one == predict(shape, base, "ulysses_attn", cfg).max_seq and one < 5_000_000 < two
     with pytest.raises(ValueError, match="checkpoint_every"):
         replace(base, checkpoint_every=0)
+
+
+ROWS = [("ulysses_attn", "offload-split+tiled+chunked"), ("usp_attn", "full"), ("zigzag_ring_attn", "offload+tiled"),
+        ("data_parallel", "offload")]  # fmt: skip
+
+
+@pytest.mark.parametrize("sp, config", ROWS)
+def test_planner_row_as_train_flags(sp, config, capsys):
+    """A planner row's configuration printed as train.py flags: train.py parses them and they select that row."""
+    from easy_context.plan import main as plan_main
+    from easy_context.plan import parse_config
+    from train import parse_args
+
+    gpus = 1 if sp == "data_parallel" else 8
+    assert plan_main(["--model", "llama-3-8b", "--gpus", str(gpus), "--sp", sp, "--show", f"{sp}:{config}"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "as a run" in x)
+    args = parse_args(["--model", "m", "--dataset", "d", "--output-dir", "o", *line.split("train.py ", 1)[1].split()])
+    option = parse_config(config)
+    assert args.parallel_mode == sp
+    assert args.checkpointing == ("full" if option.checkpointing == "full" else "offload")
+    assert (args.offload_layers is not None) == (option.checkpointing == "offload-split")
+    assert (args.tiled_mlp > 0) == option.tiled_mlp
+    assert args.loss == ("chunked" if option.chunked_loss else "plain")
+    assert (args.ring_degree is not None) == (sp == "usp_attn")
+
+
+def test_planner_unknown_model_is_one_line(capsys):
+    from easy_context.plan import main as plan_main
+
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", "no-such-model"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'no-such-model'" in err and "Traceback" not in err
