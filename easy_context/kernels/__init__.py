@@ -4,6 +4,10 @@
 ``flash``, ``efficient``, ``flash_attn`` (the flash-attn package) and ``math`` (explicit softmax
 reference). ``auto`` picks the fastest kernel that works for the device, dtype and head_dim; an explicit
 name that cannot run raises an error saying what to install or choose instead.
+
+``needs``: the variants (:data:`~easy_context.kernels.base.VARIANTS`) the call computes. ``auto`` then picks the
+fastest kernel that supports them all (on CPU, soft-capping: ``math``); an explicit kernel that lacks one raises
+:class:`~easy_context.kernels.base.VariantError` naming the kernels that have it (never a silent switch).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import warnings
 
 import torch
 
-from .base import AttnKernel, default_scale
+from .base import AttnKernel, VariantError, default_scale
 from .cpu import CPU
 from .cuda_sdpa import CUDNN, EFFICIENT, FLASH
 from .flash_attn_pkg import FLASH_ATTN, flash_attn_available
@@ -25,7 +29,13 @@ KERNEL_NAMES = ("auto", *KERNELS)
 # fastest first, measured on an H200 (docs/benchmarks.md): cuDNN > flash-attn pkg > flash > efficient
 CUDA_PREFERENCE = ("cudnn", "flash_attn", "flash", "efficient")
 
-__all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "default_scale", "get_kernel", "kernel_works"]
+__all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "VariantError", "default_scale", "get_kernel", "kernel_works",
+           "kernels_supporting"]  # fmt: skip
+
+
+def kernels_supporting(variant: str) -> list[str]:
+    """Names of the kernels that compute ``variant`` ("softcap", "band")."""
+    return [name for name, kern in KERNELS.items() if variant in kern.supports]
 
 
 _PROBED: dict[tuple, bool] = {}
@@ -86,14 +96,24 @@ def _unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, hea
     return f"it does not support {dtype} with head_dim={head_dim} on {device.type} in this torch build"
 
 
-def get_kernel(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> AttnKernel:
-    """Resolve a kernel name (or ``"auto"``) for tensors of this device, dtype and head_dim."""
+def get_kernel(
+    name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int, needs: tuple[str, ...] = ()
+) -> AttnKernel:
+    """Resolve a kernel name (or ``"auto"``) for tensors of this device, dtype and head_dim that computes the
+    variants ``needs``."""
     device = torch.device(device)
     if name == "auto":
         candidates = CUDA_PREFERENCE if device.type == "cuda" else ("cpu",)
         for cand in candidates:
-            if kernel_works(cand, device, dtype, head_dim):
+            if all(n in KERNELS[cand].supports for n in needs) and kernel_works(cand, device, dtype, head_dim):
                 return KERNELS[cand]
+        if needs and any(kernel_works(c, device, dtype, head_dim) for c in candidates):
+            warnings.warn(  # same math; shown once per call site
+                f"no fused attention kernel on {device.type} computes {', '.join(needs)}; using the explicit-softmax "
+                "'math' kernel (O(seq_q x seq_k) memory per block)",
+                stacklevel=3,
+            )
+            return MATH
         warnings.warn(
             f"no fused attention kernel supports {dtype} with head_dim={head_dim} on {device}; using the "
             "explicit-softmax 'math' kernel (O(seq^2) memory)",
@@ -107,4 +127,6 @@ def get_kernel(name: str, device: torch.device | str, dtype: torch.dtype, head_d
             f"attention kernel {name!r} cannot run here: {_unavailable_reason(name, device, dtype, head_dim)}. "
             "Use kernel='auto' to pick one that works."
         )
+    for variant in needs:
+        KERNELS[name].require(variant)
     return KERNELS[name]

@@ -8,6 +8,17 @@ Layouts (flash-attn convention):
 
 ``causal=True`` requires ``seq_q == seq_k`` (a diagonal block): sequence-parallel schedules only ever ask
 for square causal blocks, and kernels disagree on how to align a rectangular causal mask.
+
+Variants (docs/attention_variants.md). A kernel declares the ones it computes in ``supports``:
+
+* ``"softcap"``: Gemma-2 logit soft-capping, scores ``s -> cap * tanh(s / cap)`` (after the softmax scale) before
+  the softmax; the LSE is of the capped scores. Bound to the kernel once per call (:meth:`AttnKernel.with_softcap`).
+* ``"band"``: a per-block band ``(lo, hi)``: query row i of the block sees key row j only when
+  ``lo <= i - j <= hi`` (block-local rows; how a sliding window reaches the blocks it cuts,
+  :mod:`easy_context.windows`). Every query row of a band block has at least one key.
+
+Attention sinks need no kernel support: they enter once, in the merge (:func:`easy_context.lse_merge.merge_sinks`).
+A kernel asked for a variant it does not compute raises :class:`VariantError` naming the kernels that do.
 The backward receives the *final* (possibly merged) ``out`` and ``lse`` of the query rows, which is what
 makes block-wise backward of ring schedules exact.
 """
@@ -17,39 +28,77 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
-BackwardFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool, float],
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-]
+ForwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (q, k, v, causal, scale[, softcap=, band=])
+BackwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (dout, q, k, v, out, lse, causal, ..)
+Band = tuple[int, int]  # (lo, hi): block-local query row i sees key row j iff lo <= i - j <= hi
+VARIANTS = ("softcap", "band")
+
+
+class VariantError(NotImplementedError):
+    """A kernel was asked for an attention variant it does not compute (never computed with other math)."""
+
+
+def variant_error(kernel: str, variant: str, able: list[str]) -> VariantError:
+    what = {"softcap": "logit soft-capping", "band": "sliding-window (band) blocks"}.get(variant, variant)
+    return VariantError(
+        f"attention kernel {kernel!r} cannot compute {what}; use kernel={' or '.join(map(repr, able))} "
+        "(or kernel='auto', which picks one that can)"
+    )
 
 
 @dataclass(frozen=True)
 class AttnKernel:
     """A local attention kernel that returns the log-sum-exp.
 
-    ``forward(q, k, v, causal, softmax_scale) -> (out, lse)``
-    ``backward(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv)`` (dk/dv have k's heads).
+    ``forward(q, k, v, causal, softmax_scale, band=None) -> (out, lse)``
+    ``backward(dout, q, k, v, out, lse, causal, softmax_scale, band=None) -> (dq, dk, dv)`` (dk/dv have k's heads).
+    ``supports``: the variants (:data:`VARIANTS`) its ``*_impl`` take as keywords ``softcap=`` / ``band=``;
+    ``softcap``: the cap bound by :meth:`with_softcap` (None: none), passed to every call.
     """
 
     name: str
     forward_impl: ForwardFn
     backward_impl: BackwardFn
     expands_kv: bool = False  # repeats K/V to the query heads inside the call (counts toward its size)
+    supports: frozenset[str] = frozenset()
+    softcap: float | None = None
+
+    def with_softcap(self, softcap: float | None) -> AttnKernel:
+        """This kernel capping every score at ``softcap`` (``cap * tanh(s / cap)``); itself for None."""
+        if not softcap:
+            return self
+        self.require("softcap")
+        return replace(self, softcap=float(softcap))
+
+    def require(self, variant: str) -> None:
+        """:class:`VariantError` naming the kernels that can, unless this kernel computes ``variant``."""
+        if variant not in self.supports:
+            from . import kernels_supporting
+
+            raise variant_error(self.name, variant, kernels_supporting(variant))
+
+    def _variant_kw(self, band: Band | None) -> dict:
+        kw: dict = {} if self.softcap is None else {"softcap": self.softcap}
+        if band is not None:
+            self.require("band")
+            kw["band"] = band
+        return kw
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+        band: Band | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         check_shapes(q, k, v, causal)
+        kw = self._variant_kw(band)
         groups = head_groups(q, k, expands_kv=self.expands_kv)
         if groups is None:
-            return self.forward_impl(q, k, v, causal, softmax_scale)
+            return self.forward_impl(q, k, v, causal, softmax_scale, **kw)
         outs, lses = zip(*(self.forward_impl(q[:, :, qs].contiguous(), k[:, :, ks].contiguous(),
-                                             v[:, :, ks].contiguous(), causal, softmax_scale)
+                                             v[:, :, ks].contiguous(), causal, softmax_scale, **kw)
                            for qs, ks in groups))  # fmt: skip
         return torch.cat(outs, dim=2), torch.cat(lses, dim=1)
 
@@ -63,10 +112,12 @@ class AttnKernel:
         lse: torch.Tensor,
         causal: bool,
         softmax_scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kw = self._variant_kw(band)
         groups = head_groups(q, k, expands_kv=self.expands_kv)
         if groups is None:
-            return self.backward_impl(dout, q, k, v, out, lse, causal, softmax_scale)
+            return self.backward_impl(dout, q, k, v, out, lse, causal, softmax_scale, **kw)
         dq = torch.empty_like(q)
         shared = len(groups) > k.shape[2]  # several query chunks per K/V head: their dK/dV add up (in fp32)
         dk = torch.zeros(k.shape, dtype=torch.float32 if shared else k.dtype, device=k.device)
@@ -74,7 +125,7 @@ class AttnKernel:
         for qs, ks in groups:
             g = self.backward_impl(*(t[:, :, qs].contiguous() for t in (dout, q)), k[:, :, ks].contiguous(),
                                    v[:, :, ks].contiguous(), out[:, :, qs].contiguous(), lse[:, qs].contiguous(),
-                                   causal, softmax_scale)  # fmt: skip
+                                   causal, softmax_scale, **kw)  # fmt: skip
             dq[:, :, qs] = g[0]
             dk[:, :, ks] += g[1]
             dv[:, :, ks] += g[2]
@@ -157,3 +208,14 @@ def sum_kv_groups(dx: torch.Tensor, heads_kv: int) -> torch.Tensor:
     """Inverse of :func:`repeat_kv` for gradients: (b, s, h_kv * n_rep, d) -> (b, s, h_kv, d)."""
     b, s, h, d = dx.shape
     return dx if h == heads_kv else dx.view(b, s, heads_kv, h // heads_kv, d).sum(dim=3)
+
+
+def allowed_keys(sq: int, sk: int, causal: bool, band: Band | None, device) -> torch.Tensor | None:
+    """(sq, sk) bool: which key row each query row of a block sees (None: all of them)."""
+    if not causal and band is None:
+        return None
+    d = torch.arange(sq, device=device)[:, None] - torch.arange(sk, device=device)[None]  # i - j
+    ok = d >= 0 if causal else torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if band is not None:
+        ok &= (d >= band[0]) & (d <= band[1])
+    return ok
