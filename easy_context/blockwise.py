@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kernels import AttnKernel
+from .kernels.base import Band
 from .lse_merge import merge_into_, merge_safe_
 
 ALL = slice(None)
@@ -28,12 +29,15 @@ class Block:
     """Query rows ``q_rows`` attend to key rows ``k_rows`` (local indices); ``causal`` only when square.
 
     ``batch``: the batch rows it covers (all of them, or one row when documents differ between rows).
+    ``band``: (lo, hi), query row i sees key row j only when lo <= i - j <= hi (block-local; a sliding window's
+    cut, :mod:`easy_context.windows`); None: every key row (or the causal triangle).
     """
 
     q_rows: slice
     k_rows: slice
     causal: bool
     batch: slice = field(default_factory=lambda: ALL)
+    band: Band | None = None
 
 
 class ForwardAccumulator:
@@ -88,7 +92,7 @@ def forward_blocks(
     """Attend the local queries to one K/V shard over ``blocks``, merging into ``acc``."""
     for blk in blocks:
         b, kr = blk.batch, blk.k_rows
-        out, lse = kernel.forward(q[b, blk.q_rows], k[b, kr], v[b, kr], blk.causal, scale)
+        out, lse = kernel.forward(q[b, blk.q_rows], k[b, kr], v[b, kr], blk.causal, scale, blk.band)
         acc.add(blk.q_rows, out, lse, b)
 
 
@@ -110,7 +114,7 @@ def backward_blocks(
     for blk in blocks:
         b, qr, kr = blk.batch, blk.q_rows, blk.k_rows
         dq, dk, dv = kernel.backward(
-            dout[b, qr], q[b, qr], k[b, kr], v[b, kr], out[b, qr], lse[b, :, qr], blk.causal, scale
+            dout[b, qr], q[b, qr], k[b, kr], v[b, kr], out[b, qr], lse[b, :, qr], blk.causal, scale, blk.band
         )
         dq_acc[b, qr] += dq
         kv_grads.append((b, kr, dk, dv))

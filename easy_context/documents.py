@@ -188,20 +188,26 @@ def split_blocks(
     k_spans: Sequence[Span],
     documents: Documents | None,
     batch: int,
+    window: int | None = None,
 ) -> list[Block]:
-    """The sub-blocks of ``blocks`` under ``documents`` (``blocks`` itself when None).
+    """The sub-blocks of ``blocks`` under ``documents`` and a causal sliding ``window`` (``blocks`` itself when both
+    are None; the window's rule: :func:`easy_context.windows.window_blocks`, applied to the document sub-blocks).
 
     ``q_spans`` / ``k_spans``: the global rows of the local query / key tensor's rows (the blocks' ``q_rows`` and
     ``k_rows`` index those tensors); ``batch``: the batch size (documents that differ between rows split per row).
     A causal block's rows must be its own keys' rows (the square diagonal blocks the schedules build). Host-side,
     O(documents overlapping each block); a block inside one document is returned unchanged.
     """
-    if documents is None:
-        return list(blocks)
-    out = []
-    for rows, starts in documents.row_groups(batch):
-        for blk in blocks:
-            out.extend(_split_one(blk, q_spans, k_spans, starts, documents.length, rows))
+    out = list(blocks)
+    if documents is not None:
+        out = []
+        for rows, starts in documents.row_groups(batch):
+            for blk in blocks:
+                out.extend(_split_one(blk, q_spans, k_spans, starts, documents.length, rows))
+    if window is not None:
+        from .windows import window_blocks  # windows builds on this module
+
+        out = window_blocks(out, q_spans, k_spans, window)
     return out
 
 

@@ -64,3 +64,26 @@ def merge_safe_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
     w_new = torch.exp(lse - ref).transpose(1, 2).unsqueeze(-1)
     acc_out.mul_(w_acc).addcmul_(out, w_new)
     acc_lse.copy_(new_lse)
+
+
+def merge_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention sinks (gpt-oss): one learnable logit per head in every row's softmax denominator, merged once.
+
+    The sink is a virtual key block of value zero and LSE ``sinks[h]``, so it enters through the one merge:
+    ``lse' = logaddexp(lse, sink)``, ``out' = out * exp(lse - lse')``. out (batch, seq, heads, dim), lse
+    (batch, heads, seq) fp32, sinks (heads,) -> (out' in out's dtype, lse' fp32), new tensors (not differentiable
+    here: :func:`sink_grad` is the sinks' gradient; the kernels' backward with the final lse' is exact for q/k/v).
+    """
+    acc_out, acc_lse = out.float(), lse.clone()  # fp32 accumulators, as in a ring's merge
+    sink_lse = sinks.detach().float()[None, :, None].expand_as(lse)
+    merge_eager_(acc_out, acc_lse, acc_out.new_zeros(()).expand_as(acc_out), sink_lse)
+    return acc_out.to(out.dtype), acc_lse
+
+
+def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """d loss / d sinks (heads,) of :func:`merge_sinks` from the final out (b, s, h, d), lse' (b, h, s) and dout:
+    ``-sum_rows exp(sink - lse') * (dout . out)`` (the sink's probability times the row's delta), over this
+    rank's rows (the usual gradient all-reduce sums the ranks)."""
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s)
+    p_sink = torch.exp(sinks.detach().float()[None, :, None] - lse)
+    return -(p_sink * delta).sum(dim=(0, 2)).to(sinks.dtype)

@@ -48,7 +48,12 @@ def unknown_mode_error(seq_algo: str) -> str | None:
 
 def document_masking_algos() -> tuple[str, ...]:
     """The registered backends whose attention implements document masking (packed documents)."""
-    return tuple(name for name, algo in _ALGOS.items() if algo.masks_documents)
+    return algos_implementing("documents")
+
+
+def algos_implementing(keyword: str) -> tuple[str, ...]:
+    """The registered backends whose attention takes ``keyword`` (``documents``, ``window``, ``sinks``)."""
+    return tuple(name for name, algo in _ALGOS.items() if algo.implements(keyword))
 
 
 def option_flags() -> dict[str, tuple[OptionFlag, tuple[str, ...]]]:

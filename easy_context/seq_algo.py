@@ -4,8 +4,11 @@ Every backend sub-package exports one :class:`SeqAlgo`. The attention implementa
 signature ``impl(q, k, v, kernel, softmax_scale, causal, group, **options) -> out`` on local shards
 (b, s_local, h, d), plus a keyword ``documents`` (:class:`~easy_context.documents.Documents`) when it implements
 document masking; :meth:`SeqAlgo.attn_func` wraps it in the public
-``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None, documents=None)``
-with the checks every backend shares (dropout, shapes, kernel choice, default SP group, documents).
+``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None, documents=None,
+softcap=None, sliding_window=None, sinks=None)`` with the checks every backend shares (dropout, shapes, kernel
+choice, default SP group, documents, variants). The variants (docs/attention_variants.md): ``softcap`` is bound into
+the kernel (every backend computes it); ``impl`` takes keywords ``window`` (a causal sliding window, cut per block:
+:mod:`easy_context.windows`) and ``sinks`` ((heads,) logits, merged once) when it implements them.
 """
 
 from __future__ import annotations
@@ -24,8 +27,17 @@ from .kernels import KERNEL_NAMES, default_scale, get_kernel
 from .kernels.base import check_shapes
 from .layout import Layout, heads_of, length_error, ring_rule, seq_multiple_call
 from .shape_check import check_local_shapes
+from .windows import check_window
 
 AttnFunc = Callable[..., torch.Tensor]
+_VARIANT_NAMES = {"window": "sliding-window attention", "sinks": "attention sinks"}
+
+
+def _check_sinks(algo: str, sinks: torch.Tensor | None, q: torch.Tensor) -> None:
+    """``ValueError`` unless ``sinks`` is None or one logit per query head of ``q`` (b, s, heads, d)."""
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[2],)):
+        shape = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"{algo}: sinks must be a ({q.shape[2]},) tensor (one logit per query head), got {shape}")
 
 
 def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -95,7 +107,11 @@ class SeqAlgo:
     @property
     def masks_documents(self) -> bool:
         """Whether ``impl`` implements document masking (takes ``documents``)."""
-        return "documents" in inspect.signature(self.impl).parameters
+        return self.implements("documents")
+
+    def implements(self, keyword: str) -> bool:
+        """Whether ``impl`` takes ``keyword`` (``documents``, ``window``, ``sinks``)."""
+        return keyword in inspect.signature(self.impl).parameters
 
     def _options(self, kw: dict[str, Any]) -> dict[str, Any]:
         unknown = set(kw) - set(self.options)
@@ -190,7 +206,9 @@ class SeqAlgo:
         masks_documents = algo.masks_documents
 
         def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None,
-                 position_ids: torch.Tensor | None = None, documents: Documents | None = None):  # fmt: skip
+                 position_ids: torch.Tensor | None = None, documents: Documents | None = None,
+                 softcap: float | None = None, sliding_window: int | None = None,
+                 sinks: torch.Tensor | None = None):  # fmt: skip
             if dropout_p:
                 raise NotImplementedError(
                     f"{algo.name}: attention dropout is not supported by easy_context attention; "
@@ -209,7 +227,21 @@ class SeqAlgo:
             q, k, v = equal_head_dims(q, k, v)
             if documents is None and position_ids is not None:  # one all-gather per position_ids tensor (cached)
                 documents = local_documents(algo.name, position_ids, group, **opts)
-            kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1])
+            window = check_window(algo.name, sliding_window, causal)
+            if window is not None and window >= q.shape[1] * world:
+                window = None  # every key of the sequence is in the window: plain causal attention
+            _check_sinks(algo.name, sinks, q)
+            needs = (("softcap",) if softcap else ()) + (("band",) if window is not None else ())
+            kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1], needs).with_softcap(softcap)
+            extra = {name: x for name, x in (("window", window), ("sinks", sinks)) if x is not None}
+            for name in extra:
+                if not algo.implements(name):
+                    from .registry import algos_implementing
+
+                    raise NotImplementedError(
+                        f"{algo.name}: this backend does not implement {_VARIANT_NAMES[name]}; use one of "
+                        f"{', '.join(algos_implementing(name))}"
+                    )
             if documents is not None:
                 documents.check(algo.name, q.shape[1] * world, q.shape[0])
                 if not masks_documents:
@@ -219,7 +251,8 @@ class SeqAlgo:
                         f"{algo.name}: this backend does not implement document masking (packed documents: "
                         f"position_ids that restart inside a row); use one of {', '.join(document_masking_algos())}"
                     )
-            extra = {} if documents is None else {"documents": documents}
+            if documents is not None:
+                extra["documents"] = documents
             return algo.impl(q, k, v, kern, scale, causal, group, **extra, **opts)[..., :v_dim]
 
         attn.__name__ = f"{algo.name}_attn"

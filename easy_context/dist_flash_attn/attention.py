@@ -12,7 +12,8 @@ out and lse, adds the dK/dV of its own K/V locally and returns the fp32 partial 
 K/V returns the fp32 partial dK/dV. Only K/V heads travel (GQA). A half task (even W, distance W/2)
 moves and merges only its query rows (``task_rows``). Document masking: each task's block splits into one sub-block
 per shared document (``task_document_blocks``); a helper's partial rows that share no document with its K/V
-come back as (0, -inf) and merge without NaN. Messages are unchanged (every rank runs the same rounds).
+come back as (0, -inf) and merge without NaN. Messages are unchanged (every rank runs the same rounds). A sliding
+window cuts the blocks the same way (:mod:`easy_context.windows`): a task beyond it makes no kernel call.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ class ForwardRank:
     """One rank's forward: its shards q (b, s, h, d), k/v (b, s, h_kv, d) and the fp32 (out, lse) of q."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttnKernel, scale: float, causal,
-                 documents: Documents | None = None):  # fmt: skip
+                 documents: Documents | None = None, window: int | None = None):  # fmt: skip
         self.q, self.k, self.v = q, k, v
-        self.kernel, self.scale, self.causal, self.documents = kernel, scale, causal, documents
+        self.kernel, self.scale, self.causal, self.documents, self.window = kernel, scale, causal, documents, window
+        self.masked = documents is not None or window is not None  # partial results may hold rows without keys
         self.acc = ForwardAccumulator(q)
         self.inbox: dict[tuple[Task, str], Tensors] = {}
         self.partials: dict[Task, Tensors] = {}
@@ -77,18 +79,18 @@ class ForwardRank:
 
     def receive(self, msg: Message, tensors: Tensors) -> None:
         if msg.what == "out":  # under documents a partial may hold rows without keys
-            self.acc.add(task_rows(msg.task, self.q.shape[1]), *tensors, complete=self.documents is None)
+            self.acc.add(task_rows(msg.task, self.q.shape[1]), *tensors, complete=not self.masked)
         else:
             self.inbox[(msg.task, msg.what)] = tensors
 
     def run(self, task: Task) -> None:
         (q,) = self.inbox.pop((task, "q")) if task.borrows_q else (self.q,)
         k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
-        blocks = task_document_blocks(task, self.k.shape[1], self.causal, self.documents, q.shape[0])
+        blocks = task_document_blocks(task, self.k.shape[1], self.causal, self.documents, q.shape[0], self.window)
         if task.borrows_q:  # helper: a partial result for the query owner
             part = ForwardAccumulator(q)
             forward_blocks(self.kernel, q, k, v, blocks, self.scale, part)
-            self.partials[task] = part.result(q.dtype, require_covered=self.documents is None)
+            self.partials[task] = part.result(q.dtype, require_covered=not self.masked)
         else:
             forward_blocks(self.kernel, q, k, v, blocks, self.scale, self.acc)
 
@@ -101,9 +103,9 @@ class BackwardRank:
     """One rank's backward: its shards, the final out/lse of its queries, fp32 dq and dK/dV accumulators."""
 
     def __init__(self, dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool,
-                 documents: Documents | None = None):  # fmt: skip
+                 documents: Documents | None = None, window: int | None = None):  # fmt: skip
         self.dout, self.q, self.k, self.v, self.out, self.lse = dout, q, k, v, out, lse
-        self.kernel, self.scale, self.causal, self.documents = kernel, scale, causal, documents
+        self.kernel, self.scale, self.causal, self.documents, self.window = kernel, scale, causal, documents, window
         self.dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         self.dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
         self.inbox: dict[tuple[Task, str], Tensors] = {}
@@ -146,7 +148,7 @@ class BackwardRank:
         q, dout, out, lse = self.inbox.pop((task, "q")) if task.borrows_q else own_q
         k, v = self.inbox.pop((task, "kv")) if task.borrows_kv else (self.k, self.v)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if task.borrows_q else self.dq
-        blocks = task_document_blocks(task, self.k.shape[1], self.causal, self.documents, q.shape[0])
+        blocks = task_document_blocks(task, self.k.shape[1], self.causal, self.documents, q.shape[0], self.window)
         kv_grads = backward_blocks(self.kernel, dout, q, k, v, out, lse, blocks, self.scale, dq)
         dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) if task.borrows_kv else self.dkv
         add_kv_grads_(dkv, kv_grads)
@@ -193,19 +195,21 @@ def _drive(prog, world: int, rank: int, peers: list[int], group, causal: bool, b
 
 
 def dist_forward(
-    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None,
+    window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Local contiguous shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
     world, rank, peers, group = _group_info(group)
-    prog = ForwardRank(q, k, v, kernel, scale, causal, documents)
+    prog = ForwardRank(q, k, v, kernel, scale, causal, documents, window)
     _drive(prog, world, rank, peers, group, causal, backward=False)
     return prog.result()
 
 
-def dist_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None):
+def dist_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None,
+                  window: int | None = None):  # fmt: skip
     """(dq, dk, dv) of :func:`dist_forward` given the final out/lse of the local queries."""
     world, rank, peers, group = _group_info(group)
-    prog = BackwardRank(dout, q, k, v, out, lse, kernel, scale, causal, documents)
+    prog = BackwardRank(dout, q, k, v, out, lse, kernel, scale, causal, documents, window)
     _drive(prog, world, rank, peers, group, causal, backward=True)
     return prog.result()
 
@@ -219,6 +223,8 @@ def dist_flash_attention(
     causal: bool,
     group: dist.ProcessGroup,
     documents: Documents | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Causal (or full) attention over the contiguously sharded sequence of ``group`` (DistFlashAttn).
 
@@ -226,6 +232,8 @@ def dist_flash_attention(
     (``extract_local('dist_flash_attn', ...)``, equal lengths on all ranks); returns q-shaped output.
     Inside a :func:`easy_context.attn_checkpoint.checkpoint_after_attention` layer the recompute reuses
     the forward's output instead of running attention again. ``documents``: document masking
-    (:mod:`easy_context.documents`).
+    (:mod:`easy_context.documents`); ``window``: causal sliding window; ``sinks`` (heads,): attention sinks
+    (docs/attention_variants.md).
     """
-    return distributed_attention(NAME, dist_forward, dist_backward, q, k, v, kernel, scale, causal, group, documents)
+    return distributed_attention(NAME, dist_forward, dist_backward, q, k, v, kernel, scale, causal, group, documents,
+                                 window=window, sinks=sinks)  # fmt: skip

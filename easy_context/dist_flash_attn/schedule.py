@@ -191,12 +191,14 @@ def task_spans(task: Task, seq_local: int) -> tuple[tuple[Span, ...], tuple[Span
     return q_spans, (Span(0, task.kv_owner * seq_local, seq_local),)
 
 
-def task_document_blocks(task: Task, seq_local: int, causal: bool, documents: Documents | None, batch: int):
-    """:func:`task_blocks` split by ``documents`` (one sub-block per shared document; none when they share none)."""
+def task_document_blocks(task: Task, seq_local: int, causal: bool, documents: Documents | None, batch: int,
+                         window: int | None = None):  # fmt: skip
+    """:func:`task_blocks` split by ``documents`` (one sub-block per shared document; none when they share none) and
+    cut by a causal sliding ``window`` (none when the task lies beyond it)."""
     blocks = task_blocks(task, seq_local, causal)
-    if documents is None:
+    if documents is None and window is None:
         return blocks
-    return split_blocks(blocks, *task_spans(task, seq_local), documents, batch)
+    return split_blocks(blocks, *task_spans(task, seq_local), documents, batch, window)
 
 
 def block_cost(task: Task, causal: bool) -> float:

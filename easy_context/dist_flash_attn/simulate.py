@@ -7,7 +7,7 @@ Used by tests and by the single-GPU schedule benchmark (``bench/attention.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,15 +26,15 @@ class VirtualStats:
 
 
 def _counting(kernel: AttnKernel, calls: list[int], rank: int) -> AttnKernel:
-    def fwd(*args):
+    def fwd(*args, **kw):
         calls[rank] += 1
-        return kernel.forward_impl(*args)
+        return kernel.forward_impl(*args, **kw)
 
-    def bwd(*args):
+    def bwd(*args, **kw):
         calls[rank] += 1
-        return kernel.backward_impl(*args)
+        return kernel.backward_impl(*args, **kw)
 
-    return AttnKernel(kernel.name, fwd, bwd, kernel.expands_kv)
+    return replace(kernel, forward_impl=fwd, backward_impl=bwd)  # keeps its variants (supports, softcap)
 
 
 def _drive_virtual(progs: list, causal: bool, backward: bool, stats: VirtualStats | None) -> None:

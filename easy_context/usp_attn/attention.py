@@ -7,6 +7,7 @@ parallelism.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from ..documents import Documents
@@ -19,19 +20,21 @@ from .prepare_inputs import default_ring_degree
 
 def usp_attention(
     q, k, v, kernel: AttnKernel, scale: float, causal: bool, group: dist.ProcessGroup, ring_degree: int | None = None,
-    documents: Documents | None = None,
+    documents: Documents | None = None, window: int | None = None, sinks: torch.Tensor | None = None,
 ):  # fmt: skip
     """Attention over the USP-sharded sequence of ``group`` (``extract_local('usp_attn', ..., ring_degree=R)``).
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim); returns q-shaped output.
     ``documents``: document masking; after the all-to-all, ring rank j holds zigzag shard j of the full sequence
-    over the ring, so the ring attention splits its blocks by the same (global) documents.
+    over the ring, so the ring attention splits its blocks by the same (global) documents, and cuts them by the same
+    ``window``. ``sinks`` (heads,): each Ulysses rank's heads of them merge once at the end of its ring.
     """
     world = dist.get_world_size(group)
     ring_degree = default_ring_degree(world) if ring_degree is None else ring_degree
     groups = get_usp_groups(group, ring_degree)
 
-    def ring(q_, k_, v_):
-        return zigzag_ring_attention(q_, k_, v_, kernel, scale, causal, groups.ring, documents=documents)
+    def ring(q_, k_, v_, sinks_):
+        return zigzag_ring_attention(q_, k_, v_, kernel, scale, causal, groups.ring, documents=documents,
+                                     window=window, sinks=sinks_)  # fmt: skip
 
-    return ulysses_wrap(q, k, v, groups.ulysses, ring, algo="usp_attn")
+    return ulysses_wrap(q, k, v, groups.ulysses, ring, algo="usp_attn", sinks=sinks)

@@ -23,13 +23,16 @@ from .prepare_inputs import zigzag_spans
 from .schedule import zigzag_blocks
 
 
-def step_blocks(rank: int, src: int, world: int, q: torch.Tensor, causal: bool, documents: Documents | None):
-    """The blocks rank ``rank`` computes against the K/V of rank ``src`` (split by ``documents`` when given)."""
+def step_blocks(rank: int, src: int, world: int, q: torch.Tensor, causal: bool, documents: Documents | None,
+                window: int | None = None):  # fmt: skip
+    """The blocks rank ``rank`` computes against the K/V of rank ``src`` (split by ``documents`` and cut by a
+    sliding ``window`` when given)."""
     blocks = zigzag_blocks(rank, src, q.shape[1], causal)
-    if documents is None:
+    if documents is None and window is None:
         return blocks
     s = q.shape[1]
-    return split_blocks(blocks, zigzag_spans(rank, world, s), zigzag_spans(src, world, s), documents, q.shape[0])
+    return split_blocks(blocks, zigzag_spans(rank, world, s), zigzag_spans(src, world, s), documents, q.shape[0],
+                        window)  # fmt: skip
 
 
 def _check_local_len(q: torch.Tensor, causal: bool) -> None:
@@ -41,8 +44,9 @@ def _check_local_len(q: torch.Tensor, causal: bool) -> None:
 
 
 def ring_forward(
-    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None,
+    window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Local zigzag shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
     ring = RingExchange(group)
     world, rank = ring.world_size, ring.rank
@@ -51,13 +55,15 @@ def ring_forward(
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
         src = (rank - step) % world
-        forward_blocks(kernel, q, kv[0], kv[1], step_blocks(rank, src, world, q, causal, documents), scale, acc)
+        forward_blocks(kernel, q, kv[0], kv[1], step_blocks(rank, src, world, q, causal, documents, window), scale,
+                       acc)  # fmt: skip
         if pending is not None:
             kv = pending.wait()
     return acc.result(q.dtype)
 
 
-def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None):
+def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None,
+                  window: int | None = None):  # fmt: skip
     """Gradients of :func:`ring_forward`; dK/dV accumulate in fp32 while travelling the ring."""
     ring = RingExchange(group)
     world, rank = ring.world_size, ring.rank
@@ -67,7 +73,7 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     for step in range(world):
         kv_pending = ring.start(kv) if step + 1 < world else None
         src = (rank - step) % world
-        blocks = step_blocks(rank, src, world, q, causal, documents)
+        blocks = step_blocks(rank, src, world, q, causal, documents, window)
         kv_grads = backward_blocks(kernel, dout, q, kv[0], kv[1], out, lse, blocks, scale, dq)
         # the gradient of this K/V so far (from the ranks it visited before), else a fresh fp32 buffer
         dkv = dkv_pending.wait() if dkv_pending is not None else kv.new_zeros(kv.shape, dtype=torch.float32)
@@ -90,14 +96,18 @@ def zigzag_ring_attention(
     causal: bool,
     group: dist.ProcessGroup,
     documents: Documents | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Causal (or full) attention over the zigzag-sharded sequence of ``group``.
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim) zigzag shards
     (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output. ``documents``: document masking
-    (:mod:`easy_context.documents`).
+    (:mod:`easy_context.documents`); ``window``: causal sliding window (:mod:`easy_context.windows`; a step beyond
+    it makes no kernel call); ``sinks`` (heads,): attention sinks, merged once (docs/attention_variants.md).
     """
     _check_local_len(q, causal)
     return distributed_attention(
-        "zigzag_ring_attn", ring_forward, ring_backward, q, k, v, kernel, scale, causal, group, documents
-    )
+        "zigzag_ring_attn", ring_forward, ring_backward, q, k, v, kernel, scale, causal, group, documents,
+        window=window, sinks=sinks,
+    )  # fmt: skip
