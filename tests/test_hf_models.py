@@ -96,10 +96,9 @@ def bad_input_worker(rank, world, case):
     from tests.models import tiny_config
 
     overrides = {
-        "sliding": {"sliding_window": 8},
         "dropout": {"attention_dropout": 0.1},
     }.get(case, {})
-    cfg = tiny_config("mistral" if case == "sliding" else "llama", **overrides)
+    cfg = tiny_config("llama", **overrides)
     model = AutoModelForCausalLM.from_config(cfg)
     ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", model)
     ids = torch.randint(0, 128, (1, 16))
@@ -123,7 +122,6 @@ def bad_input_worker(rank, world, case):
 @pytest.mark.parametrize(
     "case,message",
     [
-        ("sliding", "sliding-window attention"),
         ("dropout", "attention dropout"),
         ("padding_mask", "padding attention_mask"),
         ("no_positions", "pass position_ids"),
@@ -167,21 +165,19 @@ def test_prepare_inputs_and_padding():
         ec.apply_seq_parallel_monkey_patch("ring", "llama")
 
 
-def test_softcap_and_output_attentions_raise():
+def test_output_attentions_and_masks_raise():
+    """(Soft-capping, sinks and sliding windows are computed: tests/test_attention_variants2.py.)"""
     from types import SimpleNamespace
 
     from easy_context.hf import check_supported
 
     q = torch.zeros(1, 2, 8, 4)
-    gemma_like = SimpleNamespace(config=SimpleNamespace(attn_logit_softcapping=50.0))
-    with pytest.raises(NotImplementedError, match="soft-capping"):
-        check_supported(gemma_like, "data_parallel", q, None, 0.0, {})
     plain = SimpleNamespace(config=SimpleNamespace())
     with pytest.raises(NotImplementedError, match="output_attentions"):
         check_supported(plain, "data_parallel", q, None, 0.0, {"output_attentions": True})
     with pytest.raises(NotImplementedError, match="attention mask"):
         check_supported(plain, "data_parallel", q, torch.ones(1, 1, 8, 8), 0.0, {})
-    check_supported(plain, "data_parallel", q, None, 0.0, {"sliding_window": 8})  # window >= sequence: fine
+    check_supported(plain, "data_parallel", q, None, 0.0, {"sliding_window": 4, "softcap": 50.0})  # computed
 
 
 def positional_mask_worker(rank, world):

@@ -6,6 +6,11 @@ transformers 5.x calls a registered function as
 ``sliding_window``; it returns ``(out (b, s, h, d), None)``. For a custom name the model builds no mask.
 Features our attention cannot honour raise a clear error instead of computing something else.
 
+Attention variants (docs/attention_variants.md) come from the kwargs transformers passes: ``softcap`` (Gemma 2's
+``attn_logit_softcapping``, else the module config's), ``sliding_window`` (Mistral, Qwen2, and the sliding layers of
+Gemma 2/3 and gpt-oss; None on full-attention layers) and ``s_aux`` (gpt-oss' ``module.sinks``, one logit per
+head); every backend computes them exactly, forward and backward.
+
 Packed documents follow transformers' rule (:mod:`easy_context.documents`): ``position_ids`` that do not increase
 by one inside a row start a new document, and attention stays inside each document. ``position_ids`` here is this
 rank's shard; the documents of the full sequence come from one all-gather per forward (cached on the tensor, which
@@ -44,19 +49,19 @@ def check_supported(module: torch.nn.Module, seq_algo: str, query: torch.Tensor,
         raise NotImplementedError(
             f"{seq_algo}: attention dropout ({dropout}) is not supported; set config.attention_dropout = 0"
         )
-    softcap = kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
-    if softcap:
-        raise NotImplementedError(f"{seq_algo}: attention logit soft-capping ({softcap}) is not supported")
-    window = kwargs.get("sliding_window")
-    if window is not None:
-        full = _full_length(seq_algo, query.shape[2])
-        if window < full:
-            raise NotImplementedError(
-                f"{seq_algo}: sliding-window attention (window {window}) shorter than the sequence ({full} tokens) "
-                "is not supported; set config.sliding_window = None (full attention) to train at this length"
-            )
     if kwargs.get("output_attentions"):
         raise NotImplementedError(f"{seq_algo}: output_attentions is not available with sequence parallelism")
+
+
+def variants(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The soft-cap, sliding window and sinks of this call (keywords of the SP attention function), from
+    transformers' kwargs (``softcap``, ``sliding_window``, ``s_aux``) or, where a model keeps them on the module
+    without passing them, ``config.attn_logit_softcapping`` and ``module.sinks``."""
+    softcap = kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
+    sinks = kwargs.get("s_aux")
+    if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
+        sinks = module.sinks
+    return {"softcap": softcap or None, "sliding_window": kwargs.get("sliding_window"), "sinks": sinks}
 
 
 def _documents(seq_algo: str, options: dict[str, Any], query: torch.Tensor, kwargs) -> Documents | None:
@@ -110,7 +115,7 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
         documents = _documents(seq_algo, options, query, kwargs)
         out = attn(
             query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal,
-            documents=documents,
+            documents=documents, **variants(module, kwargs),
         )  # fmt: skip
         return out, None
 
