@@ -13,6 +13,7 @@ spelling given); ``--help`` lists the spellings a script declares, with a note t
 from __future__ import annotations
 
 import argparse
+import os
 
 SPELLING_NOTE = "Every --long-flag is also accepted with underscores (--seq_length = --seq-length), and vice versa."
 
@@ -69,6 +70,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return f"{shown} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
+def launched_rank() -> int | None:
+    """This process's global rank when a launcher (torchrun, accelerate launch) started several, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """:class:`argparse.ArgumentParser` with both spellings of each long flag and defaults shown in ``--help``."""
 
@@ -84,6 +92,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def add_mutually_exclusive_group(self, *args, **kwargs):
         return _both_spellings(super().add_mutually_exclusive_group(*args, **kwargs))
+
+    def error(self, message: str):
+        """In a launched run every rank parses the same flags and fails the same way: rank 0 prints the one-line
+        error (without the usage block, which the launcher's own report would bury), the other ranks exit quietly."""
+        rank = launched_rank()
+        if rank is None:
+            super().error(message)
+        if rank == 0:
+            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2)
 
     def _get_option_tuples(self, option_string):
         """An abbreviation matching both spellings of one flag (``--learning`` -> ``--learning-rate``) is no

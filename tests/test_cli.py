@@ -196,3 +196,16 @@ def test_cpu_run_with_gpu_defaults_warns_once_with_the_fix():
     assert cpu_defaults_warning(cpu, types.SimpleNamespace(dtype="float32", checkpointing="none")) is None
     assert "--checkpointing attn" in cpu_defaults_warning(cpu, types.SimpleNamespace(dtype="float32",
                                                                                      checkpointing="attn"))  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval_needle.py", "eval_ppl.py"])
+def test_launched_flag_error_is_printed_once(script):
+    """Under a launcher every rank fails on the same bad flag: rank 0 prints one line (no usage block to bury it
+    under the launcher's report), the other ranks nothing; both exit 2."""
+    env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    outs = [subprocess.run([sys.executable, script, "--no-such-flag"], cwd=ROOT, capture_output=True, text=True,
+                           env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, timeout=120) for r in (0, 1)]  # fmt: skip
+    assert [o.returncode for o in outs] == [2, 2]
+    lines = outs[0].stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), outs[0].stderr
+    assert "usage:" not in outs[0].stderr and outs[1].stderr == ""
