@@ -104,9 +104,9 @@ def prepare_usp_attn_inputs(
             f"usp_attn: ring_degree {ring_degree} x ulysses_degree {ulysses_degree} must equal world_size {world_size}"
         )
     if _USP_RING_DEGREE:
-        from .usp_attn import default_ring_degree
+        from .usp_attn.prepare_inputs import resolve_ring_degree
 
-        patched = _USP_RING_DEGREE[-1] or default_ring_degree(world_size)
+        patched = resolve_ring_degree(world_size, _USP_RING_DEGREE[-1])
         if patched != ring_degree:
             raise ValueError(
                 f"usp_attn: inputs sharded with ring_degree {ring_degree}, but the model was patched for ring_degree "

@@ -15,7 +15,7 @@ from ..groups import get_usp_groups
 from ..kernels import AttnKernel
 from ..ulysses_attn.attention import ulysses_wrap
 from ..zigzag_ring_attn.attention import zigzag_ring_attention
-from .prepare_inputs import default_ring_degree
+from .prepare_inputs import resolve_ring_degree
 
 
 def usp_attention(
@@ -30,7 +30,7 @@ def usp_attention(
     ``window``. ``sinks`` (heads,): each Ulysses rank's heads of them merge once at the end of its ring.
     """
     world = dist.get_world_size(group)
-    ring_degree = default_ring_degree(world) if ring_degree is None else ring_degree
+    ring_degree = resolve_ring_degree(world, ring_degree)
     groups = get_usp_groups(group, ring_degree)
 
     def ring(q_, k_, v_, sinks_):

@@ -23,9 +23,14 @@ def default_ring_degree(world_size: int) -> int:
     return 2 if world_size % 2 == 0 else world_size
 
 
+def resolve_ring_degree(world_size: int, ring_degree: int | None) -> int:
+    """The ring degree given, or the default for ``world_size`` (:func:`default_ring_degree`) when None."""
+    return default_ring_degree(world_size) if ring_degree is None else ring_degree
+
+
 def usp_rule(world_size: int, heads: int, kv_heads: int, ring_degree: int | None = None) -> dict:
     """USP's layout: a zigzag ring of ``ring_degree`` (default :func:`default_ring_degree`) x Ulysses over the rest."""
-    ring = default_ring_degree(world_size) if ring_degree is None else ring_degree
+    ring = resolve_ring_degree(world_size, ring_degree)
     check_ring_degree(world_size, ring)
     rep, why = ulysses_heads(heads, kv_heads, world_size // ring)
     return {"ring": ring, "ulysses": world_size // ring, "kv_rep": rep, "options": {"ring_degree": ring},
@@ -33,14 +38,14 @@ def usp_rule(world_size: int, heads: int, kv_heads: int, ring_degree: int | None
 
 
 def usp_multiple(world_size: int, ring_degree: int | None = None) -> int:
-    ring_degree = default_ring_degree(world_size) if ring_degree is None else ring_degree
+    ring_degree = resolve_ring_degree(world_size, ring_degree)
     check_ring_degree(world_size, ring_degree)
     # 2R zigzag chunks (ring shards of even length), each ring shard split into U equal pieces
     return ring_degree * math.lcm(2, world_size // ring_degree)
 
 
 def usp_shard(value: torch.Tensor, rank: int, world_size: int, dim: int = 1, ring_degree: int | None = None):
-    ring_degree = default_ring_degree(world_size) if ring_degree is None else ring_degree
+    ring_degree = resolve_ring_degree(world_size, ring_degree)
     ring_idx, uly_idx = usp_layout(rank, world_size, ring_degree)
     ring_piece = zigzag_shard(value, ring_idx, ring_degree, dim)
     return contiguous_shard(ring_piece, uly_idx, world_size // ring_degree, dim)
@@ -48,7 +53,7 @@ def usp_shard(value: torch.Tensor, rank: int, world_size: int, dim: int = 1, rin
 
 def usp_spans(rank: int, world_size: int, seq_local: int, ring_degree: int | None = None) -> tuple[Span, ...]:
     """Global rows of SP rank ``rank``'s local rows: piece u (of U) of the zigzag ring shard of its ring index."""
-    ring_degree = default_ring_degree(world_size) if ring_degree is None else ring_degree
+    ring_degree = resolve_ring_degree(world_size, ring_degree)
     ring_idx, uly_idx = usp_layout(rank, world_size, ring_degree)
     uly = world_size // ring_degree
     ring_shard = zigzag_spans(ring_idx, ring_degree, seq_local * uly)
