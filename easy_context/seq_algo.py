@@ -30,7 +30,11 @@ from .shape_check import check_local_shapes
 from .windows import check_window
 
 AttnFunc = Callable[..., torch.Tensor]
-_VARIANT_NAMES = {"window": "sliding-window attention", "sinks": "attention sinks"}
+_VARIANT_NAMES = {
+    "documents": "document masking (packed documents: position_ids that restart inside a row)",
+    "window": "sliding-window attention",
+    "sinks": "attention sinks",
+}
 
 
 def _check_sinks(algo: str, sinks: torch.Tensor | None, q: torch.Tensor) -> None:
@@ -203,7 +207,6 @@ class SeqAlgo:
         opts = self._options(kw)
         algo = self
         pad_hint = seq_multiple_call(algo.name, "world_size", kw)
-        masks_documents = algo.masks_documents
 
         def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None,
                  position_ids: torch.Tensor | None = None, documents: Documents | None = None,
@@ -233,7 +236,10 @@ class SeqAlgo:
             _check_sinks(algo.name, sinks, q)
             needs = (("softcap",) if softcap else ()) + (("band",) if window is not None else ())
             kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1], needs).with_softcap(softcap)
-            extra = {name: x for name, x in (("window", window), ("sinks", sinks)) if x is not None}
+            if documents is not None:
+                documents.check(algo.name, q.shape[1] * world, q.shape[0])
+            extra = {name: x for name, x in (("documents", documents), ("window", window), ("sinks", sinks))
+                     if x is not None}  # fmt: skip
             for name in extra:
                 if not algo.implements(name):
                     from .registry import algos_implementing
@@ -242,17 +248,6 @@ class SeqAlgo:
                         f"{algo.name}: this backend does not implement {_VARIANT_NAMES[name]}; use one of "
                         f"{', '.join(algos_implementing(name))}"
                     )
-            if documents is not None:
-                documents.check(algo.name, q.shape[1] * world, q.shape[0])
-                if not masks_documents:
-                    from .registry import document_masking_algos
-
-                    raise NotImplementedError(
-                        f"{algo.name}: this backend does not implement document masking (packed documents: "
-                        f"position_ids that restart inside a row); use one of {', '.join(document_masking_algos())}"
-                    )
-            if documents is not None:
-                extra["documents"] = documents
             return algo.impl(q, k, v, kern, scale, causal, group, **extra, **opts)[..., :v_dim]
 
         attn.__name__ = f"{algo.name}_attn"

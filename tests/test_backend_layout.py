@@ -163,6 +163,11 @@ def test_a_fifth_backend_needs_only_its_registration(toy):
     assert "toy_attn" not in registry.document_masking_algos()  # its attention takes no documents
     with pytest.raises(NotImplementedError, match="use one of zigzag_ring_attn, dist_flash_attn, ulysses_attn"):
         ec.get_attn_func("toy_attn")(q, k, v, position_ids=torch.tensor([[*range(8), *range(8)]]))
+    refused = {"sliding-window attention": {"sliding_window": 4}, "attention sinks": {"sinks": torch.zeros(2)}}
+    for what, variant in refused.items():
+        message = f"toy_attn: this backend does not implement {what}; use one of zigzag_ring_attn, dist_flash_attn"
+        with pytest.raises(NotImplementedError, match=message):
+            ec.get_attn_func("toy_attn")(q, k, v, **variant)
 
     import train  # train.py: its flag, its options, its layout and length checks
 
