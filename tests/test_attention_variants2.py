@@ -98,7 +98,12 @@ def variants_worker(rank, world, algo, opts, cases):
 
 
 WORLDS = [(algo, opts, 2) for algo, opts in BACKENDS if algo != "usp_attn"]
-WORLDS += [("usp_attn", {"ring_degree": 2}, 4), ("zigzag_ring_attn", {}, 4), ("dist_flash_attn", {}, 4)]
+WORLDS += [
+    ("usp_attn", {"ring_degree": 2}, 4),
+    ("zigzag_ring_attn", {}, 4),
+    ("dist_flash_attn", {}, 4),
+    ("ulysses_attn", {}, 4),
+]  # 2 KV heads over 4 ranks: replicated
 
 
 @pytest.mark.parametrize("algo,opts,world", WORLDS, ids=[f"{a}-w{w}" for a, _, w in WORLDS])
@@ -194,5 +199,17 @@ def test_variant_model_parity(dist_pool, algo, opts, model_type):
     logits and every parameter gradient equal the single-process eager transformers model."""
     opts = {"ring_degree": 1} if algo == "usp_attn" else opts
     for rank, errs in enumerate(dist_pool(2).run(model_parity_worker, algo, opts, model_type)):
+        worst = max(errs, key=errs.get)
+        assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
+
+
+WIDE = [("zigzag_ring_attn", {}), ("dist_flash_attn", {}), ("usp_attn", {"ring_degree": 2})]
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("algo,opts", WIDE, ids=[a for a, _ in WIDE])
+def test_variant_model_parity_4_ranks(dist_pool, algo, opts, model_type):
+    """The same parity on 4 ranks (the window shorter than a rank's chunk, USP as a 2-ring x 2-Ulysses grid)."""
+    for rank, errs in enumerate(dist_pool(4).run(model_parity_worker, algo, opts, model_type)):
         worst = max(errs, key=errs.get)
         assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
