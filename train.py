@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps of the LR schedule")
     p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--adam-betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"),
+                   help="AdamW betas (0.9 0.95 is the usual LLM pretraining choice)")  # fmt: skip
     p.add_argument(
         "--optimizer",
         default="adamw",
@@ -315,7 +317,7 @@ def main(argv=None) -> None:
     params = [p for p in train_model.parameters() if p.requires_grad]
     try:
         optimizer = build_optimizer(params, accelerator, lr=args.learning_rate, weight_decay=args.weight_decay,
-                                    name=args.optimizer)  # fmt: skip
+                                    betas=tuple(args.adam_betas), name=args.optimizer)  # fmt: skip
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     scheduler = get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
