@@ -1,9 +1,10 @@
 """Local attention kernels returning the log-sum-exp, selected by name or ``"auto"``.
 
 ``get_kernel(name, device, dtype, head_dim)`` returns an :class:`AttnKernel`. Names: ``cpu``, ``cudnn``,
-``flash``, ``efficient``, ``flash_attn`` (the flash-attn package) and ``math`` (explicit softmax
-reference). ``auto`` picks the fastest kernel that works for the device, dtype and head_dim; an explicit
-name that cannot run raises an error saying what to install or choose instead.
+``flash``, ``efficient``, ``flash_attn`` (the flash-attn package, FlashAttention-2), ``fa4`` (the flash-attn-4
+package, FlashAttention-4, on sm90/sm100) and ``math`` (explicit softmax reference). ``auto`` picks the fastest
+kernel that works for the device, dtype and head_dim (:data:`CUDA_PREFERENCE` on GPUs); an explicit name that cannot
+run raises an error saying what to install or choose instead.
 
 ``needs``: the variants (:data:`~easy_context.kernels.base.VARIANTS`) the call computes. ``auto`` then picks the
 fastest kernel that supports them all (on CPU, soft-capping: ``math``); an explicit kernel that lacks one raises
@@ -21,13 +22,18 @@ import torch
 from .base import AttnKernel, VariantError, default_scale
 from .cpu import CPU
 from .cuda_sdpa import CUDNN, EFFICIENT, FLASH
+from .fa4 import FA4
+from .fa4 import unavailable_reason as fa4_unavailable_reason
 from .flash_attn_pkg import FLASH_ATTN, flash_attn_available
 from .math_ref import MATH
 
-KERNELS: dict[str, AttnKernel] = {k.name: k for k in (CPU, CUDNN, FLASH, EFFICIENT, FLASH_ATTN, MATH)}
+# (math before fa4: a VariantError names the kernels that compute a variant in this order, the one that runs anywhere
+# first)
+KERNELS: dict[str, AttnKernel] = {k.name: k for k in (CPU, CUDNN, FLASH, EFFICIENT, FLASH_ATTN, MATH, FA4)}
 KERNEL_NAMES = ("auto", *KERNELS)
-# fastest first, measured on an H200 (docs/benchmarks.md): cuDNN > flash-attn pkg > flash > efficient
-CUDA_PREFERENCE = ("cudnn", "flash_attn", "flash", "efficient")
+# fastest first, measured on an H200 (docs/benchmarks.md, docs/kernels.md): flash-attn-4 (sm90/sm100 only: its
+# kernel_works refuses other GPUs without compiling anything) > cuDNN > flash-attn pkg > flash > efficient
+CUDA_PREFERENCE = ("fa4", "cudnn", "flash_attn", "flash", "efficient")
 
 __all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "VariantError", "default_scale", "get_kernel", "kernel_works",
            "kernels_supporting"]  # fmt: skip
@@ -39,6 +45,29 @@ def kernels_supporting(variant: str) -> list[str]:
 
 
 _PROBED: dict[tuple, bool] = {}
+_PROBE_ERRORS: dict[tuple, str] = {}  # why a probe call failed (shown by an explicit request for that kernel)
+
+
+def _flash_attn2_available() -> bool:
+    """The FlashAttention-2 package is importable. ``flash_attn_available()`` alone also holds for a flash-attn-4-only
+    install, whose ``flash_attn`` is a namespace package holding just ``flash_attn.cute``: FA2 has ``flash_attn_func``
+    at the top level."""
+    if not flash_attn_available():
+        return False
+    try:
+        from flash_attn import flash_attn_func  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _static_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why ``name`` cannot run, from checks that call no kernel (None: a probe call decides)."""
+    if name == "flash_attn" and not _flash_attn2_available():
+        return "the flash-attn package is not importable; install it with `pip install easy_context[gpu]`"
+    if name == "fa4":
+        return fa4_unavailable_reason(device, dtype, head_dim)
+    return None
 
 
 def _device_key(device: torch.device) -> str:
@@ -56,13 +85,15 @@ def _cuda_key(index: int) -> str:  # called on every attention call: no driver q
 def kernel_works(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> bool:
     """Probe a kernel once per (device, dtype, head_dim) with a tiny GQA forward and backward.
 
+    Kernels that cannot run here for a reason known without calling them (a missing package, the wrong device or
+    GPU generation: :func:`_static_reason`) are refused without a probe (for ``fa4``: without compiling anything).
     An out-of-memory failure is not remembered (the next call probes again); any other failure means
     the kernel does not support this configuration.
     """
     device = torch.device(device)
     key = (name, _device_key(device), dtype, head_dim)
     if key not in _PROBED:
-        if name == "flash_attn" and not flash_attn_available():
+        if _static_reason(name, device, dtype, head_dim) is not None:
             _PROBED[key] = False
             return False
         ctx = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -71,8 +102,9 @@ def kernel_works(name: str, device: torch.device | str, dtype: torch.dtype, head
                 _PROBED[key] = _probe(KERNELS[name], device, dtype, head_dim)
         except torch.OutOfMemoryError:
             return False
-        except Exception:  # not usable here (this is a probe, not a user call)
+        except Exception as exc:  # not usable here (this is a probe, not a user call)
             _PROBED[key] = False
+            _PROBE_ERRORS[key] = f"{type(exc).__name__}: {exc}"[:300]
     return _PROBED[key]
 
 
@@ -87,8 +119,12 @@ def _probe(kernel: AttnKernel, device: torch.device, dtype: torch.dtype, head_di
 
 
 def _unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    if name == "flash_attn" and not flash_attn_available():
-        return "the flash-attn package is not importable; install it with `pip install easy_context[gpu]`"
+    static = _static_reason(name, device, dtype, head_dim)
+    if static is not None:
+        return static
+    probe_error = _PROBE_ERRORS.get((name, _device_key(device), dtype, head_dim))
+    if name == "fa4" and probe_error:
+        return f"its probe call failed ({probe_error})"
     if name == "cpu" and device.type != "cpu":
         return "it runs on CPU tensors only"
     if name in ("cudnn", "flash", "efficient") and device.type != "cuda":
