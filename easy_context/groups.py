@@ -10,10 +10,17 @@
 ``init_sp_groups`` is collective over the world (every rank calls it). USP subgroups are created on
 first use with ``new_group(..., use_local_synchronization=True)``, so only the SP group's members take
 part; the first call must happen on all of them (it does: attention runs in lockstep).
+
+Collective timeouts: a collective whose peer never comes (a stuck or crashed rank that is still alive) raises after
+the group's timeout. torch gives every ``new_group`` its default (30 minutes) whatever the world group's timeout
+is, so the groups made here take :func:`collective_timeout` instead: :func:`set_collective_timeout`'s value, else
+``$EASY_CONTEXT_COLLECTIVE_TIMEOUT`` (seconds), else the world group's own. A launcher passes the same value to
+``init_process_group`` (``collective_timeout(default_s=...)``).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -24,6 +31,60 @@ _SP_GROUP: dist.ProcessGroup | None = None
 _DP_GROUP: dist.ProcessGroup | None = None
 _SP_SIZE: int | None = None
 _USP_CACHE: dict[tuple[tuple[int, ...], int], tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = {}
+_TIMEOUT: datetime.timedelta | None = None  # set_collective_timeout's
+TIMEOUT_ENV = "EASY_CONTEXT_COLLECTIVE_TIMEOUT"
+
+
+def _seconds(value, what: str) -> datetime.timedelta:
+    try:
+        seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0:
+        raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _timeout_of(group: dist.ProcessGroup) -> datetime.timedelta | None:
+    """The timeout ``group``'s backend runs its collectives with (None when it cannot be read)."""
+    try:
+        return group._get_backend(group._device_types[0]).options._timeout
+    except Exception:  # private API (torch 2.x): without it the groups keep torch's default
+        return None
+
+
+def collective_timeout(default_s: float | None = None) -> datetime.timedelta | None:
+    """The timeout for collectives: :func:`set_collective_timeout`'s, else ``$EASY_CONTEXT_COLLECTIVE_TIMEOUT``
+    (seconds), else the world group's when it exists, else ``default_s`` (None: torch's default)."""
+    if _TIMEOUT is not None:
+        return _TIMEOUT
+    if os.environ.get(TIMEOUT_ENV):
+        return _seconds(os.environ[TIMEOUT_ENV], f"${TIMEOUT_ENV}")
+    if dist.is_available() and dist.is_initialized():
+        world = _timeout_of(dist.group.WORLD)
+        if world is not None:
+            return world
+    return None if default_s is None else _seconds(default_s, "default_s")
+
+
+def set_collective_timeout(seconds: float | datetime.timedelta | None) -> None:
+    """Make collectives raise after ``seconds`` without their peers: every collective of the groups made here from
+    now on, and the collectives (all_reduce, all_gather, all_to_all, ...) of the world group and of those made
+    already. gloo keeps the timeout a group was created with for its point-to-point messages (the ring exchange):
+    call this before :func:`init_sp_groups` and give ``init_process_group`` the same timeout (see
+    :func:`collective_timeout`). None: new groups take the environment's / world group's again."""
+    global _TIMEOUT
+    _TIMEOUT = None if seconds is None else _seconds(seconds, "collective timeout")
+    if _TIMEOUT is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    groups = {id(g): g for g in [dist.group.WORLD, _SP_GROUP, _DP_GROUP, *(g for pair in _USP_CACHE.values()
+                                                                          for g in pair)] if g is not None}  # fmt: skip
+    for group in groups.values():
+        dist.distributed_c10d._set_pg_timeout(_TIMEOUT, group)
+
+
+def _new_group(ranks: list[int], **kwargs) -> dist.ProcessGroup:
+    return dist.new_group(ranks, timeout=collective_timeout(), **kwargs)
 
 
 def _require_dist() -> None:
@@ -51,14 +112,14 @@ def init_sp_groups(sp_size: int | None = None) -> tuple[dist.ProcessGroup, dist.
     else:
         sp_group = None
         for start in range(0, world, sp_size):  # every rank creates every group, in the same order
-            g = dist.new_group(list(range(start, start + sp_size)))
+            g = _new_group(list(range(start, start + sp_size)))
             if start <= rank < start + sp_size:
                 sp_group = g
     dp_group = None
     dp_size = world // sp_size
     if dp_size > 1:
         for sp_rank in range(sp_size):
-            g = dist.new_group(list(range(sp_rank, world, sp_size)))
+            g = _new_group(list(range(sp_rank, world, sp_size)))
             if rank % sp_size == sp_rank:
                 dp_group = g
     _SP_GROUP, _DP_GROUP, _SP_SIZE = sp_group, dp_group, sp_size
@@ -123,7 +184,7 @@ def get_usp_groups(group: dist.ProcessGroup, ring_degree: int) -> UspGroups:
         def sub(members: list[int]) -> dist.ProcessGroup | None:
             if len(members) == sp_size:
                 return None  # ``group`` itself: not held here (it may be the world, see reset_groups)
-            return dist.new_group([ranks[i] for i in members], use_local_synchronization=True)
+            return _new_group([ranks[i] for i in members], use_local_synchronization=True)
 
         uly = sub([ring_idx * ulysses_degree + u for u in range(ulysses_degree)])
         ring = sub([r * ulysses_degree + uly_idx for r in range(ring_degree)])

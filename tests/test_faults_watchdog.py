@@ -1,0 +1,188 @@
+"""The step watchdog (issue 19 item 1): a stuck rank or a killed launcher ends a 2-process job within a bound.
+
+Before it, a SIGSTOPped rank held the job for the collective timeout (30 minutes) and a launcher killed with
+SIGKILL left its ranks running as orphans. Every job here runs under the real launcher (torchrun) with gloo, and
+under a timeout of its own."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from easy_context.watchdog import EXIT_CODE, Watchdog
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# one process of a 2-rank job: a step is one all_reduce; rank 1 misbehaves at step 3 as sys.argv[1] says
+LOOP = """
+import datetime, os, signal, sys, time
+import torch, torch.distributed as dist
+from easy_context.watchdog import Watchdog
+
+mode, timeout, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+rank = dist.get_rank()
+wd = Watchdog(timeout, rank).start(within_s=60)  # the first step: startup
+with open(os.path.join(out, f"pid{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+x = torch.ones(1)
+for step in range(1, 100000):
+    dist.all_reduce(x)
+    if rank == 1 and step == 3 and mode == "sleep":
+        time.sleep(3600)
+    if rank == 1 and step == 3 and mode == "stop":
+        time.sleep(1)  # its heartbeat thread publishes step 2 first
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.05)
+    wd.beat(step)
+"""
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+
+
+def launch(tmp_path: Path, mode: str, timeout_s: float) -> tuple[subprocess.Popen, Path]:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    log = tmp_path / "job.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), mode,
+           str(timeout_s), str(tmp_path)]  # fmt: skip
+    with log.open("w") as f:  # a file, not a pipe: orphans would hold a pipe open
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, start_new_session=True)
+    return proc, log
+
+
+def wait_for_pids(tmp_path: Path, proc: subprocess.Popen, limit_s: float = 120) -> list[int]:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        files = [tmp_path / f"pid{r}" for r in range(2)]
+        if all(f.exists() and f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        assert proc.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError("the ranks did not start")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def kill_group(proc: subprocess.Popen, pids=()) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def errors(log: Path) -> list[str]:
+    return re.findall(r"error: watchdog: [^\n]*", log.read_text())
+
+
+def run_single(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT,
+                          timeout=timeout)  # fmt: skip
+
+
+def test_watchdog_ends_a_process_that_stops_beating():
+    code = ("import time\nfrom easy_context.watchdog import Watchdog\nwd = Watchdog(1.0, rank=5, store=False).start()\n"
+            "wd.beat(1)\nt = time.monotonic()\ntime.sleep(60)\n")  # fmt: skip
+    start = time.monotonic()
+    res = run_single(code)
+    assert res.returncode == EXIT_CODE, res.stderr[-2000:]
+    assert time.monotonic() - start < 20
+    last = res.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: watchdog: rank 5 stalled in step 2: no progress for 1\.\d s since step 1 ended "
+                        r"\(watchdog timeout 1 s\); ending this rank \(exit 124\) so the launcher stops the job",
+                        last), last  # fmt: skip
+    assert "time.sleep(60)" in res.stderr or "line 6 in <module>" in res.stderr, res.stderr  # the stuck stack
+
+
+def test_watchdog_is_quiet_while_beating_and_after_stop():
+    code = ("import time\nfrom easy_context.watchdog import Watchdog\nwd = Watchdog(0.5, rank=0, store=False).start()\n"
+            "for step in range(20):\n    time.sleep(0.1)\n    wd.beat(step)\n"
+            "wd.beat(20, within_s=3)\ntime.sleep(1.5)\nwd.stop()\ntime.sleep(1.0)\nprint('ok')\n")  # fmt: skip
+    res = run_single(code)
+    assert res.returncode == 0 and res.stdout.strip() == "ok" and "watchdog" not in res.stderr, res.stderr
+
+
+def test_watchdog_rejects_a_bad_timeout():
+    with pytest.raises(ValueError, match="watchdog timeout must be > 0 seconds, got 0"):
+        Watchdog(0, rank=0, store=False)
+
+
+def test_sleeping_rank_ends_the_job_within_the_bound(tmp_path):
+    """Rank 1 sleeps inside step 3: its watchdog ends it after 4 s, then the launcher stops rank 0 (blocked in the
+    all_reduce of step 4; its own watchdog fires too if the launcher is slower)."""
+    proc, log = launch(tmp_path, "sleep", 4)
+    try:
+        pids = wait_for_pids(tmp_path, proc)
+        start = time.monotonic()
+        rc = proc.wait(timeout=90)
+        elapsed = time.monotonic() - start
+    finally:
+        kill_group(proc, locals().get("pids", ()))
+    assert rc != 0 and elapsed < 40, (rc, elapsed, log.read_text()[-3000:])
+    found = errors(log)
+    assert any(e.startswith("error: watchdog: rank 1 stalled in step 3: no progress for 4.") for e in found), found
+    assert not any(alive(p) for p in pids)
+
+
+def test_stopped_rank_is_named_by_its_peer(tmp_path):
+    """Rank 1 is SIGSTOPped in step 3 (its own threads stop too): rank 0's watchdog names it from the heartbeats,
+    ends rank 0, and the launcher kills the stopped rank (SIGTERM stays pending on a stopped process: torchrun's
+    SIGKILL follows 30 s later)."""
+    proc, log = launch(tmp_path, "stop", 4)
+    try:
+        pids = wait_for_pids(tmp_path, proc)
+        start = time.monotonic()
+        rc = proc.wait(timeout=120)
+        elapsed = time.monotonic() - start
+    finally:
+        kill_group(proc, locals().get("pids", ()))
+    assert rc != 0 and elapsed < 70, (rc, elapsed, log.read_text()[-3000:])
+    found = errors(log)
+    assert len(found) == 1, log.read_text()[-3000:]
+    assert re.match(
+        r"error: watchdog: rank 0 stalled in step 4: no progress for 4\.\d s since step 3 ended "
+        r"\(watchdog timeout 4 s\); rank 1 not responding for \d+ s \(last done step 2, pid "
+        rf"{pids[1]} on [^)]+\): stopped, hung or its host is down, look there first",
+        found[0],
+    ), found[0]
+    assert not any(alive(p) for p in pids)
+
+
+def test_killed_launcher_leaves_no_orphans(tmp_path):
+    """SIGKILL of torchrun: both ranks notice their parent is gone and end within a second or two."""
+    proc, log = launch(tmp_path, "run", 30)
+    pids = []
+    try:
+        pids = wait_for_pids(tmp_path, proc)
+        time.sleep(1.0)
+        assert all(alive(p) for p in pids), log.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        start = time.monotonic()
+        while any(alive(p) for p in pids) and time.monotonic() - start < 20:
+            time.sleep(0.1)
+        elapsed = time.monotonic() - start
+    finally:
+        kill_group(proc, pids)
+    assert elapsed < 10, (elapsed, log.read_text()[-3000:])
+    found = errors(log)
+    assert sorted(e.split(":")[2] for e in found) == [" rank 0", " rank 1"], found
+    assert all("its launcher (pid" in e and "is gone (killed?); ending this rank (exit 124)" in e for e in found)
