@@ -5,16 +5,24 @@ kill or a full disk never leaves a half-written checkpoint under the real name. 
 and raises :class:`CheckpointError` (one line: the file, the cause, the last good checkpoint) on every rank; a run
 that was killed mid-save leaves a temp dir that :func:`remove_stale_temp` clears on the next start. A state dir
 records the size of each of its files, so a truncated or missing file (RNG states included) is refused on resume.
+
+A state also records how the run read its data (:class:`DataLayout`: data shards, batch size, seq length, seed,
+the SP layout) and where it stood in global samples; :func:`resume_plan` maps that position onto the resuming run's
+layout (another number of processes or batch size continues at the same global sample, never training one twice)
+and refuses a change that makes the position meaningless (seq length, data order, dataset, model).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -151,9 +159,131 @@ def remove_stale_temp(output_dir: str | Path) -> list[str]:
     return done
 
 
-def save_training_state(accelerator, directory: str | Path, step: int, micro_batches: int, skipped_steps: int) -> None:
+@dataclass(frozen=True)
+class DataLayout:
+    """How a run reads its data, recorded in every state so that a resume can tell what its position means.
+
+    ``data_shards``: ranks that read different batches (the DP replicas: world / sp_size under SP, the world under
+    data_parallel); ``batch_size``: rows per micro-batch and shard; ``batches_per_epoch``: micro-batches per shard
+    and epoch (``len`` of the prepared loader: ceil(ceil(rows / batch_size) / data_shards), the last round padded
+    from the epoch's start, as accelerate's even_batches does); ``dataset_rows``: rows of the dataset;
+    ``seq_length`` and ``seed`` (the data order) and ``model`` (:func:`model_fingerprint`) must not change on
+    resume. The rest describe the layout (reported when it changes)."""
+
+    data_shards: int
+    batch_size: int
+    batches_per_epoch: int
+    dataset_rows: int
+    seq_length: int
+    seed: int
+    model: str = ""
+    world_size: int = 1
+    sp_size: int = 1
+    parallel_mode: str = ""
+    options: dict = field(default_factory=dict)
+    gradient_accumulate_every: int = 1
+
+    def position(self, micro_batches: int) -> dict[str, int]:
+        """{"epoch", "sample"}: where ``micro_batches`` micro-batches per shard leave the data, in global samples
+        (the first ``sample`` rows of epoch ``epoch``'s permutation are done; round r of an epoch reads its batches
+        r * data_shards .. (r + 1) * data_shards - 1)."""
+        epoch, rounds = divmod(micro_batches, self.batches_per_epoch)
+        return {"epoch": epoch, "sample": rounds * self.data_shards * self.batch_size}
+
+
+# what a resume may not change: the flag that sets it, and why
+_FIXED = {
+    "seq_length": ("--seq-length", "the dataset's rows are other rows then"),
+    "seed": ("--seed", "the data order follows it"),
+    "dataset_rows": ("--dataset (rows)", "it is another dataset"),
+    "model": ("--model / --rope-theta", "the saved weights are of that model"),
+}
+
+
+def model_fingerprint(config: Any) -> str:
+    """What identifies a model for a resume: architecture, sizes, vocabulary and RoPE base of a transformers config
+    (a local copy of the same model has the same fingerprint; another model or RoPE base does not)."""
+    from .models import get_rope_theta
+
+    names = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "vocab_size")  # fmt: skip
+    fields = [f"{n}={getattr(config, n, None)}" for n in names]
+    return " ".join([*fields, f"rope_theta={get_rope_theta(config)}"])
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """:func:`resume_plan`'s answer: skip ``micro_batches`` micro-batches per shard (this run's layout); ``notes``:
+    lines to print (a changed layout, samples skipped to reach a round boundary); ``tokens``: the global tokens the
+    state had trained (None: not recorded), for a tokens counter that survives a change of layout."""
+
+    micro_batches: int
+    notes: tuple[str, ...] = ()
+    tokens: int | None = None
+
+
+def check_unchanged(position: dict, directory: str | Path = "", **current: Any) -> None:
+    """:class:`CheckpointError` when a field of :data:`_FIXED` given in ``current`` (``seq_length=``, ``seed=``,
+    ``dataset_rows=``, ``model=``) differs from the state's record (``position``: :func:`read_training_position`).
+    Cheap: a run can call it before it builds anything. States without a record pass."""
+    saved = position.get("layout") or {}
+    for name, value in current.items():
+        if name not in _FIXED:
+            raise TypeError(f"check_unchanged() takes {', '.join(_FIXED)}, not {name!r}")
+        if value is None or name not in saved or saved[name] in ("", None) or saved[name] == value:
+            continue
+        flag, why = _FIXED[name]
+        raise CheckpointError(
+            f"--resume-from {directory}: the state was trained with {flag} {saved[name]}, this run has {value} "
+            f"({why}, so the saved position does not apply); resume with {flag} {saved[name]}, or start a new run "
+            "in another --output-dir"
+        )
+
+
+def resume_plan(position: dict, layout: DataLayout, directory: str | Path = "") -> ResumePlan:
+    """Where this run (``layout``) continues the data of a state (``position``: :func:`read_training_position`).
+
+    Same layout: the saved micro-batch count. Another one (data shards, batch size): the same global sample, in
+    micro-batches of this layout; when that sample is not at a round boundary here (a round reads
+    ``data_shards * batch_size`` samples), the run moves on to the next boundary and a note says how many samples
+    it skips (none is ever trained twice). A changed seq length, seed, dataset or model raises
+    :class:`CheckpointError` (:func:`check_unchanged`). A state without a layout record (written before layouts
+    were recorded) is taken to be of this layout, with a note."""
+    mine = dataclasses.asdict(layout)
+    check_unchanged(position, directory, **{name: mine[name] for name in _FIXED})
+    saved = position.get("layout")
+    consumed, tokens = position["micro_batches"], position.get("tokens")
+    if not saved:
+        note = (f"{directory}: the state records no data layout (written before layouts were recorded): its "
+                f"{consumed} micro-batches are taken to be of this run's layout; resume on the one it was "
+                "trained on")  # fmt: skip
+        return ResumePlan(consumed, (note,), tokens)
+    changed = {k: (saved.get(k), v) for k, v in mine.items() if k not in _FIXED and saved.get(k) != v}
+    if not changed:
+        return ResumePlan(consumed, (), tokens)
+    old = DataLayout(**{k: v for k, v in saved.items() if k in mine})
+    at = old.position(consumed)
+    per_round = layout.data_shards * layout.batch_size
+    rounds = -(-at["sample"] // per_round)  # round up: skip, never repeat
+    resumed = at["epoch"] * layout.batches_per_epoch + rounds
+    skipped = min(rounds * per_round, layout.dataset_rows) - at["sample"]
+    what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items() if k != "batches_per_epoch")
+    notes = [f"resuming on another layout ({what}): at global sample {at['sample']} of epoch {at['epoch']} "
+             f"({consumed} micro-batches per shard there, {resumed} here)"]  # fmt: skip
+    if skipped:
+        notes.append(f"{skipped} samples of epoch {at['epoch']} skipped to reach a round boundary of this layout (a "
+                     f"round reads {layout.data_shards} shards x {layout.batch_size} rows): none is trained "
+                     "twice")  # fmt: skip
+    return ResumePlan(resumed, tuple(notes), tokens)
+
+
+def save_training_state(accelerator, directory: str | Path, step: int, micro_batches: int, skipped_steps: int,
+                        layout: DataLayout | None = None, tokens: int | None = None,
+                        config: dict | None = None) -> None:  # fmt: skip
     """Model, optimizer, scheduler and RNG states (accelerate) plus the data position, the count of steps whose
     update ``--nonfinite skip`` dropped and the size of every file, written atomically (see the module doc).
+    ``layout`` (:class:`DataLayout`) is recorded with the position in global samples, for :func:`resume_plan`;
+    ``tokens``: global tokens trained so far; ``config``: the run's resolved settings (JSON-able, for people).
     Raises :class:`CheckpointError` on every rank when any rank failed; ``directory`` is then as it was."""
     final = Path(directory)
     temp = final.with_name(f".{final.name}.tmp")
@@ -175,6 +305,13 @@ def save_training_state(accelerator, directory: str | Path, step: int, micro_bat
     if error is None and accelerator.is_main_process:
         try:
             position = {"step": step, "micro_batches": micro_batches, "skipped_steps": skipped_steps}
+            if layout is not None:
+                position["layout"] = dataclasses.asdict(layout)
+                position["data"] = layout.position(micro_batches)
+            if tokens is not None:
+                position["tokens"] = tokens
+            if config is not None:
+                position["config"] = json.loads(json.dumps(config, default=str))
             position["files"] = _files(temp)
             path = temp / STATE_JSON
             path.write_text(json.dumps(position))
@@ -203,6 +340,11 @@ def check_training_state(directory: str | Path, process_index: int | None = None
         keys = ("step", "micro_batches")
         if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in keys):
             raise ValueError("no integer step and micro_batches")
+        layout = position.get("layout")
+        counts = ("data_shards", "batch_size", "batches_per_epoch")
+        if layout is not None and not (isinstance(layout, dict) and all(
+                isinstance(layout.get(k), int) and layout[k] > 0 for k in counts)):  # fmt: skip
+            raise ValueError(f"its layout record lacks positive integer {', '.join(counts)}")
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{path} is corrupt ({type(exc).__name__}: {exc})") from None
     for name, size in position.get("files", {}).items():  # states written before sizes were recorded: none
