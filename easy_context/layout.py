@@ -22,6 +22,10 @@ def seq_multiple_call(seq_algo: str, world_size: int | str, options: Mapping[str
 def length_error(seq_algo: str, length: int, multiple: int, world_size: int,
                  options: Mapping[str, Any] | None = None, what: str = "sequence length") -> str | None:  # fmt: skip
     """Why a full sequence of ``length`` cannot be sharded evenly, and how to pad it; None when it can."""
+    if length <= 0:  # every rank's shard would be empty (the CPU kernel dies of SIGFPE on one)
+        return (f"{seq_algo}: {what} {length}: every rank would hold an empty shard; a sequence over {world_size} "
+                f"ranks needs at least {multiple} tokens (a multiple of {multiple}: "
+                f"{seq_multiple_call(seq_algo, world_size, options)})")  # fmt: skip
     if length % multiple == 0:
         return None
     given = ", ".join(f"{k}={v!r}" for k, v in (options or {}).items() if v is not None)

@@ -44,6 +44,16 @@ def _check_sinks(algo: str, sinks: torch.Tensor | None, q: torch.Tensor) -> None
         raise ValueError(f"{algo}: sinks must be a ({q.shape[2]},) tensor (one logit per query head), got {shape}")
 
 
+def _with_length_fix(message: str, algo: SeqAlgo, world: int, opts: dict[str, Any]) -> str:
+    """An empty-shard error with the length that fixes it (the full sequence this backend needs on ``world``)."""
+    if "empty sequence" not in message:
+        return message
+    need = algo.seq_multiple(world, **opts)
+    per_rank = f" ({need // world} per rank)" if algo.distributed and world > 1 else ""
+    return (f"{message}: {algo.name} on {world} rank{'s' * (world > 1)} needs a full sequence of at least {need} "
+            f"tokens{per_rank}, a multiple of {seq_multiple_call(algo.name, world, opts)}")  # fmt: skip
+
+
 def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """q, k, v in one dtype, as transformers' own attention would compute them: the autocast dtype when autocast is
     on (RoPE hands over fp32 q/k next to a bf16 v under bf16 AMP), else the widest of the three. The casts are
@@ -220,12 +230,15 @@ class SeqAlgo:
             q, k, v = compute_dtype(q, k, v)
             scale = default_scale(q.shape[-1], softmax_scale)  # of the real Q/K head dim, before any padding
             world = 1
-            if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
-                group = get_sp_group() if group is None else group
-                check_local_shapes(algo.name, q, k, v, group, causal, scale, pad_hint, documents)
-                world = torch.distributed.get_world_size(group)
-            else:
-                check_shapes(q, k, v, causal=False, v_dim_may_differ=True)
+            try:
+                if algo.distributed:  # every rank raises together, also when only one rank's inputs are wrong
+                    group = get_sp_group() if group is None else group
+                    world = torch.distributed.get_world_size(group)
+                    check_local_shapes(algo.name, q, k, v, group, causal, scale, pad_hint, documents)
+                else:
+                    check_shapes(q, k, v, causal=False, v_dim_may_differ=True)
+            except ValueError as exc:
+                raise ValueError(_with_length_fix(str(exc), algo, world, opts)) from None
             v_dim = v.shape[-1]  # checked above on the inputs as given (every rank the same); padded once here
             q, k, v = equal_head_dims(q, k, v)
             if documents is None and position_ids is not None:  # one all-gather per position_ids tensor (cached)
