@@ -56,14 +56,38 @@ class CheckpointError(RuntimeError):
     """A checkpoint that could not be written or read; the message is one line naming the file and the fix."""
 
 
+_HELD: list[torch.Tensor] = []  # the last agreement's tensors (see _agree)
+
+
 def _agree(error: str | None) -> str | None:
-    """The first rank's error (every rank gets the same answer; also a barrier), or None when all succeeded."""
+    """The first rank's error (every rank gets the same answer; also a barrier), or None when all succeeded.
+
+    Two all-gathers of tensors that stay referenced here until the next agreement. (``all_gather_object`` dropped
+    its tensors while gloo's worker thread still held them: that thread then needs the GIL to free them, and a
+    process whose main thread frees the process group (a DDP model going out of scope after a save) joins it
+    holding the GIL: a 2-process run ending with a state save and ``--no-save`` hung at exit, forever.)"""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return error
-    errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    return next((e for e in errors if e), None)
+    world = dist.get_world_size()
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    data = (error or "").encode()
+    size = torch.tensor([len(data) + (error is not None)], dtype=torch.int64, device=device)  # 0: no error
+    sizes = torch.empty(world, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(sizes, size)
+    width = max(int(sizes.max()), 1)
+    mine = torch.zeros(width, dtype=torch.uint8)
+    mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    mine = mine.to(device)
+    every = torch.empty(world * width, dtype=torch.uint8, device=device)
+    dist.all_gather_into_tensor(every, mine)
+    _HELD[:] = [size, sizes, mine, every]
+    for rank, n in enumerate(sizes.tolist()):
+        if n:
+            return bytes(every[rank * width : rank * width + n - 1].tolist()).decode(errors="replace")
+    return None
 
 
 def _fsync(path: Path) -> None:

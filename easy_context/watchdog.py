@@ -19,7 +19,9 @@ process cannot report itself: its peers, blocked waiting for it, do). Launched b
 launch`` (``TORCHELASTIC_RUN_ID`` set) it also ends the process when the launcher is gone (its parent changed).
 
 A step that may legitimately take longer (the first one, a checkpoint save) gets its own bound:
-``beat(step, within_s=...)`` / ``start(within_s=...)``.
+``beat(step, within_s=..., doing="saving state-step8")`` / ``start(within_s=...)``. Keep it running through the
+end of the run (the teardown of the process groups can hang too); :func:`~easy_context.process_exit.exit_process`
+ends the process, and the watchdog with it.
 """
 
 from __future__ import annotations
@@ -84,9 +86,11 @@ class Watchdog:
         self.poll_s = min(1.0, max(self.timeout_s / 20, 0.05))
         self.heartbeat_s = min(5.0, max(self.timeout_s / 8, 0.2))
         self.step: int | None = None  # the last step done (beat), None before the first
+        self.doing: str | None = None  # what runs until the next beat (None: the next step)
         self._last = self._deadline = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()  # a beat: publish the new step now
+        self._rearm = threading.Event()  # a beat: the watcher recomputes its wait
         self._threads: list[threading.Thread] = []
 
     # -- the API -----------------------------------------------------------------------------------------------
@@ -103,16 +107,20 @@ class Watchdog:
             thread.start()
         return self
 
-    def beat(self, step: int, within_s: float | None = None) -> None:
-        """Step ``step`` is done; the next beat must come within ``within_s`` (default ``timeout_s``)."""
-        self.step = step
+    def beat(self, step: int, within_s: float | None = None, doing: str | None = None) -> None:
+        """Step ``step`` is done; the next beat must come within ``within_s`` (default ``timeout_s``). ``doing``:
+        what runs until then, for the message when it stalls (default: step ``step + 1``), e.g. ``"saving
+        state-step8"`` or ``"shutting down"``."""
+        self.step, self.doing = step, doing
         self._arm(within_s)
         self._wake.set()
+        self._rearm.set()
 
     def stop(self) -> None:
         """Stop watching (before the end of the run, or before a phase with no beats)."""
         self._stop.set()
         self._wake.set()
+        self._rearm.set()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=self.heartbeat_s + 1)
@@ -131,7 +139,11 @@ class Watchdog:
         self._deadline = now + (self.timeout_s if within_s is None else float(within_s))
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.is_set():
+            self._rearm.wait(min(self.poll_s, max(self._deadline - time.monotonic(), 0.01)))
+            self._rearm.clear()  # a beat moved the deadline: wait again with the new one
+            if self._stop.is_set():
+                return
             if self.parent is not None and os.getppid() != self.parent:
                 self._end(f"rank {self.rank}: its launcher (pid {self.parent}) is gone (killed?); ending this rank "
                           f"(exit {self.exit_code}) instead of training on as an orphan", stacks=False)  # fmt: skip
@@ -154,6 +166,8 @@ class Watchdog:
     def _stall_message(self) -> str:
         now = time.monotonic()
         where = "before its first step" if self.step is None else f"in step {self.step + 1}"
+        if self.doing:
+            where = self.doing
         done = "since it started" if self.step is None else f"since step {self.step} ended"
         allowed = self._deadline - self._last
         peers = self._peers()

@@ -186,3 +186,14 @@ def test_killed_launcher_leaves_no_orphans(tmp_path):
     found = errors(log)
     assert sorted(e.split(":")[2] for e in found) == [" rank 0", " rank 1"], found
     assert all("its launcher (pid" in e and "is gone (killed?); ending this rank (exit 124)" in e for e in found)
+
+
+def test_watchdog_names_what_was_running():
+    code = ("import time\nfrom easy_context.watchdog import Watchdog\nwd = Watchdog(30, rank=0, store=False).start()\n"
+            "wd.beat(4, within_s=0.5, doing='shutting down')\ntime.sleep(60)\n")  # fmt: skip
+    res = run_single(code)
+    assert res.returncode == EXIT_CODE, res.stderr[-2000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: watchdog: rank 0 stalled shutting down: no progress for 0.") and (
+        "s since step 4 ended (watchdog timeout 0.5 s)" in last
+    ), last
