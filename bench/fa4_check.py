@@ -39,7 +39,6 @@ if os.path.isdir("/tmp/site"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -54,6 +53,9 @@ sys.path.insert(0, str(ROOT))
 import easy_context as ec  # noqa: E402
 from easy_context.kernels import KERNELS, get_kernel, kernel_works  # noqa: E402
 from easy_context.kernels import fa4 as fa4mod  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention import timed  # noqa: E402  (bench/attention.py: median seconds with CUDA events)
 
 SECTIONS = ("env", "parity", "e2e", "timing", "compile", "large")
 TOL_REL, TOL_LSE = 1e-2, 1e-3
@@ -84,22 +86,6 @@ DEVICE = "cuda"
 def rand(shape, seed, dtype, scale=1.0):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(dtype)
-
-
-def timed(fn, warmup: int = 2, reps: int = 5) -> float:
-    """Median seconds of ``fn()`` with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 # --- env ---------------------------------------------------------------------------------------------------------
