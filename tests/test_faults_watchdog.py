@@ -126,17 +126,24 @@ def test_watchdog_rejects_a_bad_timeout():
         Watchdog(0, rank=0, store=False)
 
 
-def test_sleeping_rank_ends_the_job_within_the_bound(tmp_path):
-    """Rank 1 sleeps inside step 3: its watchdog ends it after 4 s, then the launcher stops rank 0 (blocked in the
-    all_reduce of step 4; its own watchdog fires too if the launcher is slower)."""
-    proc, log = launch(tmp_path, "sleep", 4)
+def run_to_the_end(tmp_path, mode: str, timeout: float, step_timeout: float = 4):
+    """Launch the 2-rank job with ``mode``; wait until it exits. (exit code, seconds from both ranks running to the
+    exit, log path, the ranks' pids); the ranks are killed whatever happens."""
+    proc, log = launch(tmp_path, mode, step_timeout)
+    pids = ()
     try:
         pids = wait_for_pids(tmp_path, proc)
         start = time.monotonic()
-        rc = proc.wait(timeout=90)
-        elapsed = time.monotonic() - start
+        rc = proc.wait(timeout=timeout)
+        return rc, time.monotonic() - start, log, pids
     finally:
-        kill_group(proc, locals().get("pids", ()))
+        kill_group(proc, pids)
+
+
+def test_sleeping_rank_ends_the_job_within_the_bound(tmp_path):
+    """Rank 1 sleeps inside step 3: its watchdog ends it after 4 s, then the launcher stops rank 0 (blocked in the
+    all_reduce of step 4; its own watchdog fires too if the launcher is slower)."""
+    rc, elapsed, log, pids = run_to_the_end(tmp_path, "sleep", timeout=90)
     assert rc != 0 and elapsed < 40, (rc, elapsed, log.read_text()[-3000:])
     found = errors(log)
     assert any(e.startswith("error: watchdog: rank 1 stalled in step 3: no progress for 4.") for e in found), found
@@ -147,14 +154,7 @@ def test_stopped_rank_is_named_by_its_peer(tmp_path):
     """Rank 1 is SIGSTOPped in step 3 (its own threads stop too): rank 0's watchdog names it from the heartbeats,
     ends rank 0, and the launcher kills the stopped rank (SIGTERM stays pending on a stopped process: torchrun's
     SIGKILL follows 30 s later)."""
-    proc, log = launch(tmp_path, "stop", 4)
-    try:
-        pids = wait_for_pids(tmp_path, proc)
-        start = time.monotonic()
-        rc = proc.wait(timeout=120)
-        elapsed = time.monotonic() - start
-    finally:
-        kill_group(proc, locals().get("pids", ()))
+    rc, elapsed, log, pids = run_to_the_end(tmp_path, "stop", timeout=120)
     assert rc != 0 and elapsed < 70, (rc, elapsed, log.read_text()[-3000:])
     found = errors(log)
     assert len(found) == 1, log.read_text()[-3000:]
