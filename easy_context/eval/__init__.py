@@ -1,6 +1,8 @@
 """Long-context evaluation: needle-in-a-haystack retrieval and perplexity vs length, under any SP backend.
 
-The scripts ``eval_needle.py``, ``eval_ppl.py`` and ``plot.py`` are thin CLIs over these modules:
+The programs :mod:`.run_needle`, :mod:`.run_ppl` and :mod:`.run_plot` (``easy-context-eval-needle``,
+``easy-context-eval-ppl``, ``easy-context-plot``; the checkout's ``eval_needle.py``, ``eval_ppl.py`` and
+``plot.py`` call them) are thin CLIs over these modules:
 
 * :mod:`.runtime` — process group (1 process or launched), model/tokenizer loading, backend choice, warnings.
 * :mod:`.forward` — sequence-parallel no-grad forwards: logits of a few positions, loss sums, greedy decoding.

@@ -1,0 +1,255 @@
+"""Recipes: a run's flags as a YAML file, and the record of what each run used.
+
+    easy-context-train --config train_scripts/danube2_256k.yaml --max-train-steps 10   # the command line wins
+
+A recipe is a mapping of flag names to values: every flag of the script is a key, spelled with dashes or
+underscores and without the leading ``--`` (``seq-length: 65536``, ``parallel_mode: zigzag_ring_attn``,
+``adam-betas: [0.9, 0.95]``, ``no-save: true``; ``null`` keeps the default). The keys become flags placed before
+the command line's, so a flag given on the command line overrides the file; values are checked like flags (type,
+choices) and an unknown key is an error naming the nearest flag. A run's ``run_config.json`` is a recipe too:
+``--config OUT/run_config.json`` repeats that run's flags.
+
+Each run records its resolved flags, package versions and git revision in ``run_config.json`` (:func:`run_record`)
+in its output dir; ``--resume-from`` refuses a run that changes what the saved state was trained with
+(:func:`resume_mismatch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RUN_CONFIG = "run_config.json"
+# flags a resumed run must keep: the weights, the data rows and the shard layout of the saved state depend on them
+RESUME_FIXED = ("model", "seq_length", "parallel_mode")
+VERSIONED = ("torch", "transformers", "accelerate", "deepspeed", "easy_context")
+
+
+def _recipe_path(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The value of ``--config`` in ``argv`` (``--config X``, ``--config=X`` or an abbreviation argparse accepts,
+    the last one given), else None."""
+    found = None
+    for i, token in enumerate(argv):
+        if token == "--":
+            break
+        flag, eq, value = token.partition("=")
+        if not flag.startswith("--"):
+            continue
+        actions = {id(a): a for o, a in parser._option_string_actions.items() if o.startswith(flag)}
+        exact = parser._option_string_actions.get(flag)
+        action = exact or (next(iter(actions.values())) if len(actions) == 1 else None)
+        if action is not None and action.dest == "config":
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return found
+
+
+def load_recipe(path: str) -> dict[str, Any]:
+    """The key -> value mapping of a YAML recipe; raises ValueError (one line) for an unreadable or non-mapping file."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--config {path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ValueError(f"--config {path}: expected a mapping of flag names to values, got {type(data).__name__}")
+    return data
+
+
+def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """{'--seq-length': action, '--seq_length': action, ...}: every long option a recipe key may name."""
+    skip = (argparse._HelpAction, argparse._VersionAction)
+    return {
+        option: action
+        for option, action in parser._option_string_actions.items()
+        if option.startswith("--") and not isinstance(action, skip) and action.dest != "config"
+        and not getattr(action, "not_a_recipe_key", False)
+    }  # fmt: skip
+
+
+def _key_action(options: dict[str, argparse.Action], key: str) -> argparse.Action | None:
+    for spelling in (key, key.replace("_", "-"), key.replace("-", "_")):
+        if f"--{spelling}" in options:
+            return options[f"--{spelling}"]
+    return None
+
+
+def _check_value(parser, action: argparse.Action, key: str, value: Any, source: str) -> None:
+    """The error argparse would give for this value on the command line, naming the recipe key instead."""
+    convert = action.type if callable(action.type) else (lambda text: text)
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        try:
+            converted = convert(str(item))
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            detail = f": {exc}" if isinstance(exc, argparse.ArgumentTypeError) else ""
+            parser.error(f"--config {source}: {key}: invalid value {item!r}{detail}")
+        if action.choices is not None and converted not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            parser.error(f"--config {source}: {key}: {item!r} is not one of {choices}")
+
+
+def recipe_argv(parser: argparse.ArgumentParser, recipe: dict[str, Any], source: str) -> list[str]:
+    """The recipe as command-line tokens (``{"seq-length": 512}`` -> ``["--seq-length", "512"]``); calls
+    ``parser.error`` for an unknown key, a value of the wrong shape or type, or a choice not offered."""
+    options = _long_options(parser)
+    argv: list[str] = []
+    for key, value in recipe.items():
+        action = _key_action(options, key)
+        if action is None and key.replace("_", "-") in ("config", "print-config-path"):
+            parser.error(f"--config {source}: '{key}' is a command-line flag, not a recipe key")
+        if action is None:
+            known = sorted({o[2:].replace("_", "-") for o in options})
+            near = difflib.get_close_matches(key.replace("_", "-"), known, n=1, cutoff=0.5)
+            hint = f" (did you mean '{near[0]}'?)" if near else f" (see {parser.prog} --help)"
+            parser.error(f"--config {source}: unknown key '{key}'{hint}")
+        flag = action.option_strings[0]
+        if value is None:
+            continue
+        if action.nargs == 0:  # store_true / store_false / store_const
+            if not isinstance(value, bool):
+                parser.error(f"--config {source}: {key}: expected true or false, got {value!r}")
+            negation = isinstance(action, argparse.BooleanOptionalAction)
+            if value == (not isinstance(action, argparse._StoreFalseAction)):
+                argv.append(flag)
+            elif negation:
+                argv.append(f"--no-{flag[2:]}")
+            continue
+        many = action.nargs not in (None, argparse.OPTIONAL)
+        if isinstance(value, dict):
+            parser.error(f"--config {source}: {key}: invalid value {value!r}")
+        if isinstance(value, list) != many:
+            shape = "a list" if many else "one value"
+            parser.error(f"--config {source}: {key}: expected {shape}, got {value!r}")
+        if isinstance(action.nargs, int) and len(value) != action.nargs:
+            parser.error(f"--config {source}: {key}: expected {action.nargs} values, got {value!r}")
+        _check_value(parser, action, key, value, source)
+        argv += [flag, *map(str, value)] if many else [f"{flag}={value}"]
+    return argv
+
+
+def parse_args_with_recipe(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` with ``--config FILE``'s keys placed before the command line's flags (these win).
+    The parser must define ``--config`` itself (for ``--help`` and ``args.config``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    path = _recipe_path(parser, argv)
+    if path is None:
+        return parser.parse_args(argv)
+    try:
+        recipe = load_recipe(path)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if isinstance(recipe.get("args"), dict) and "versions" in recipe:  # a run_config.json: the flags of that run
+        options = _long_options(parser)
+        recipe = {key: value for key, value in recipe["args"].items() if _key_action(options, key)}
+    return parser.parse_args(recipe_argv(parser, recipe, path) + argv)
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages a run's numbers depend on (None: not installed)."""
+    versions: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_revision(path: str | Path | None = None) -> dict[str, Any] | None:
+    """{"commit", "dirty"} of the git checkout holding easy_context's source (or ``path``), None outside one (e.g. an
+    installed wheel) or without git."""
+    root = Path(path) if path is not None else Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()  # fmt: skip
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if path is None and Path(top).resolve() != root:  # a venv inside some other repository: not our source
+            return None
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def run_record(args: argparse.Namespace, **launch: Any) -> dict[str, Any]:
+    """What a run used: every flag after the recipe and the command line (``args``), the launch (``launch``: world
+    size, distributed type, ...), package versions, git revision, and the command."""
+    return {
+        "args": _json_safe(vars(args)),
+        "launch": _json_safe(launch),
+        "versions": package_versions(),
+        "git": git_revision(),
+        "command": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
+    }
+
+
+def write_run_config(output_dir: str | Path, record: dict[str, Any]) -> Path:
+    """``record`` as ``output_dir/run_config.json`` (written to a temp file, then renamed)."""
+    path = Path(output_dir) / RUN_CONFIG
+    temp = path.with_name(f".{RUN_CONFIG}.tmp")
+    temp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(temp, path)
+    return path
+
+
+def recorded_run(state_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """(path, record) of the ``run_config.json`` of the run that wrote ``state_dir`` (the state dir's own, else its
+    output dir's: states are ``<output-dir>/state-stepN``), or None (a state saved before runs were recorded)."""
+    for path in (Path(state_dir) / RUN_CONFIG, Path(state_dir).parent / RUN_CONFIG):
+        if path.is_file():
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return None
+            return (path, record) if isinstance(record, dict) and isinstance(record.get("args"), dict) else None
+    return None
+
+
+def _same(key: str, old: Any, new: Any) -> bool:
+    if key == "model" and isinstance(old, str) and isinstance(new, str) and os.path.exists(new):
+        return os.path.realpath(old) == os.path.realpath(new)
+    return old == new
+
+
+def resume_mismatch(args: argparse.Namespace, state_dir: str | Path) -> str | None:
+    """Why ``args`` may not resume ``state_dir`` (it changes --model, --seq-length or --parallel_mode from the
+    recorded run), naming both values; None when they agree or nothing was recorded."""
+    found = recorded_run(state_dir)
+    if found is None:
+        return None
+    path, record = found
+    changed = [
+        f"--{key.replace('_', '-') if key != 'parallel_mode' else key} {record['args'][key]} -> {getattr(args, key)}"
+        for key in RESUME_FIXED
+        if key in record["args"] and not _same(key, record["args"][key], getattr(args, key, None))
+    ]
+    if not changed:
+        return None
+    return (f"--resume-from {state_dir}: the state was trained with other settings ({'; '.join(changed)}; recorded "
+            f"in {path}); resume with the recorded values, or start a new run from its model")  # fmt: skip

@@ -1,0 +1,548 @@
+r"""Extend a causal LM's context with sequence parallelism (full fine-tuning, full attention).
+
+    accelerate launch --config_file accelerate_configs/single_node.yaml --mixed_precision bf16 train.py \
+        --model meta-llama/Llama-2-7b-hf --dataset data/slimpajama-64k --seq-length 65536 \
+        --parallel_mode zigzag_ring_attn --rope-theta 1000000 --output-dir out/llama2-64k
+    accelerate launch ... -m easy_context.train --config recipe.yaml --max-train-steps 10   # YAML recipe + override
+
+On CPU (tests, demo):
+    ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate_configs/cpu_2proc.yaml train.py ...
+Installed: easy-context-train (or python -m easy_context.train); --print-config-path NAME gives a shipped launch
+config. Each run records its flags, package versions and git revision in OUTPUT_DIR/run_config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import math
+import os
+import sys
+from contextlib import contextmanager
+
+import torch
+from accelerate import Accelerator
+from accelerate.tracking import get_available_trackers
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, LoggerType, set_seed
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+from transformers import get_scheduler
+
+import easy_context as ec
+from easy_context import cli, launch_configs, recipe
+from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
+from easy_context.deepspeed_precision import deepspeed_precision_error
+from easy_context.groups import launch_error
+from easy_context.loss import (
+    HEAD_LOSS_IMPLS,
+    CausalLMWithLoss,
+    all_reduce_count,
+    global_mean_for_logging,
+    global_mean_loss,
+)
+from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
+from easy_context.metrics import MetricsLogger
+from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
+from easy_context.optim import OPTIMIZERS, build_optimizer
+from easy_context.process_exit import exit_process
+from easy_context.registry import add_backend_args, option_values, unknown_mode_error
+from easy_context.train_state import (
+    CheckpointError,
+    EpochShuffleSampler,
+    load_training_state,
+    read_training_position,
+    remove_stale_temp,
+    save_hf_checkpoint,
+    save_training_state,
+)
+
+TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate knows ("all": those installed)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    accelerator = make_accelerator(args)
+    check_launch(accelerator, args)
+    start_step, consumed, skipped = resume_position(args, accelerator.process_index)
+    last_step = args.max_train_steps if args.stop_at_step is None else min(args.max_train_steps, args.stop_at_step)
+    if start_step >= last_step:  # e.g. a re-queued job resuming a finished run: done before building anything
+        if accelerator.is_main_process:
+            until = f", --stop-at-step {args.stop_at_step}" if last_step < args.max_train_steps else ""
+            print(f"nothing to train: {'resumed at' if args.resume_from else 'at'} step {start_step} of "
+                  f"{args.max_train_steps}{until}")  # fmt: skip
+        return
+    set_seed(args.seed)
+    sp_rank, sp_size = init_sequence_parallel(args.sp_size)
+    opts = backend_options(args)
+
+    # model, data, optimizer
+    tokenizer = load_tokenizer_if_needed(args)
+    model = build_model(args, tokenizer, sp_size, opts)
+    train_model = CausalLMWithLoss(model, impl=args.loss)
+    sampler, loader = build_loader(args, tokenizer, model.config.vocab_size, accelerator)
+    optimizer, scheduler = build_optimizer_and_schedule(args, accelerator, train_model)
+    train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
+    ds = accelerator.state.deepspeed_plugin
+    record_run(args, accelerator, optimizer, sp_size)
+    if args.resume_from:
+        with exit_on(CheckpointError):
+            load_training_state(accelerator, args.resume_from)
+    step_tokens = tokens_per_step(args, accelerator.num_processes, sp_size)
+    metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step)
+
+    # the loop: one optimizer step of --gradient-accumulate-every micro-batches per iteration
+    stream = micro_batch_stream(loader, sampler, skip=consumed)
+    check_grad_norm = accelerator.mixed_precision != "fp16"  # fp16 loss scaling: inf gradients are the scaler's
+    skips_in_a_row = 0
+    bar = tqdm(range(start_step, last_step), disable=not accelerator.is_local_main_process,
+               initial=start_step, total=args.max_train_steps)  # fmt: skip
+    for step in bar:
+        batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
+        consumed += len(batches)
+        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, *split_batch(b), sp_rank, sp_size, "cpu", **opts)
+                  for b in batches]  # fmt: skip
+        # exact token-mean over every micro-batch, rank and DP replica of this optimizer step: one count, on the
+        # host (no device sync), all-reduced once
+        n_local = sum(int((s["local_target_ids"] != -100).sum()) for s in shards)
+        n_total = all_reduce_count(n_local, device=accelerator.device)
+        shards = [{k: v.to(accelerator.device, non_blocking=True) for k, v in s.items()} for s in shards]
+        sums = []
+        for shard in shards:
+            with accelerator.accumulate(train_model):
+                loss_sum, n = train_model(shard["local_input_ids"], shard["local_position_ids"],
+                                          shard["local_target_ids"])  # fmt: skip
+                # accelerate/DeepSpeed average grads over ranks and divide by the accumulation steps: undo both
+                loss = global_mean_loss(loss_sum * len(shards), n_total, grad_average_world=accelerator.num_processes,
+                                        already_reduced=True)  # fmt: skip
+                accelerator.backward(loss)  # under DeepSpeed the step's last backward also runs its optimizer step
+            sums.append(loss_sum.detach())
+        # one decision per step, before the update and the same on every rank: the loss is reduced over ranks here,
+        # the gradients already are (identical on each). DeepSpeed stepped in the last backward; ZeRO-3 skips an
+        # update from non-finite gradients itself, and its norm tells
+        grad_norm = None
+        if args.grad_clip or ds is not None:  # DeepSpeed clips inside its step: this returns its norm
+            grad_norm = accelerator.clip_grad_norm_(train_model.parameters(), args.grad_clip)
+        logged, grad_norm = to_host(global_mean_for_logging(torch.stack(sums).sum(), n_local), grad_norm)
+        problem = nonfinite_problem(step + 1, logged, grad_norm if check_grad_norm else None)
+        if problem is None:
+            skips_in_a_row = 0
+            optimizer.step()  # a no-op under DeepSpeed
+        else:
+            skipped, skips_in_a_row = skipped + 1, skips_in_a_row + 1
+            stop_unless_skippable(problem, args, skips_in_a_row, ds is not None and train_model.was_step_applied())
+        scheduler.step()
+        optimizer.zero_grad()
+        if (step + 1) % args.log_every == 0 or step + 1 == last_step:
+            row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0], skipped)
+            bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
+                            mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
+        if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
+            with exit_on(CheckpointError):
+                save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped)
+
+    if not args.no_save:
+        with exit_on(CheckpointError):
+            save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
+    accelerator.end_training()
+    if accelerator.is_main_process:
+        what = "metrics in" if args.no_save else "saved"
+        print(f"{what} {args.output_dir} (final loss {logged:.4f}, {math.exp(min(logged, 50)):.1f} ppl)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# flags
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+class PrintConfigPath(argparse.Action):
+    """``--print-config-path NAME``: print a shipped launch config's path and exit (no other flag needed)."""
+
+    not_a_recipe_key = True
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            print(launch_configs.path(values))
+        except ValueError as exc:
+            parser.error(str(exc))
+        parser.exit()
+
+
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(description=__doc__)
+    p.add_argument("--config", default=None, metavar="RECIPE.yaml",
+                   help="a YAML recipe (docs/recipes.md): every flag is a key (seq-length: 65536); flags given "
+                        "on the command line override it")  # fmt: skip
+    p.add_argument("--print-config-path", action=PrintConfigPath, metavar="NAME",
+                   help=f"print the path of a shipped launch config ({', '.join(launch_configs.names())}) "
+                        "and exit")  # fmt: skip
+    p.add_argument(
+        "--model",
+        required=True,
+        help=f"hub id, local path, a preset ({', '.join(PRESETS)}) or shape:<name> (random-init "
+        "full-size architecture, e.g. shape:llama-2-7b, vocab from --tokenizer)",
+    )
+    p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
+    p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name, "
+                   "or random[:ROWS] (random tokens, no tokenizer needed: throughput and memory probes)")  # fmt: skip
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary of a random-init model trained on --dataset random without --tokenizer "
+                        "(shape: models default to their published vocab)")  # fmt: skip
+    p.add_argument("--output-dir", required=True, help="where the final checkpoint, states and logs go")
+    p.add_argument("--seq-length", type=int, default=16384, help="tokens per training sequence")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch per data-parallel group")
+    p.add_argument("--gradient-accumulate-every", type=positive_int, default=8, help="micro-batches per optimizer step")
+    p.add_argument("--max-train-steps", type=int, default=400, help="optimizer steps of the run")
+    p.add_argument("--learning-rate", type=float, default=2e-5, help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps of the LR schedule")
+    p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--adam-betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"),
+                   help="AdamW betas (0.9 0.95 is the usual LLM pretraining choice)")  # fmt: skip
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=OPTIMIZERS,
+        help="host_adamw: fp32 master weights + Adam moments in host memory, without DeepSpeed",
+    )
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this; 0: no clipping")
+    p.add_argument("--nonfinite", default="stop", choices=["stop", "skip"],
+                   help="a step whose loss or gradient norm (checked with --grad-clip or DeepSpeed) is inf/NaN: stop "
+                        "(exit with an error, before that update and any checkpoint from it) or skip (drop its "
+                        "update; the data and the LR schedule still advance; metrics count skipped_steps)")  # fmt: skip
+    p.add_argument("--max-skips-in-a-row", type=positive_int, default=10, metavar="N",
+                   help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
+    p.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base (default: the model's)")
+    add_backend_args(p, default="zigzag_ring_attn")  # --parallel_mode, each backend's options, --kernel
+    p.add_argument("--sp-size", type=int, default=None, help="ranks per sequence (DP x SP); default all")
+    p.add_argument(
+        "--checkpointing",
+        default="full",
+        choices=list(CHECKPOINT_MODES),
+        help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
+    )
+    p.add_argument("--offload-layers", type=int, default=None, metavar="K",
+                   help="with --checkpointing offload/attn-offload: the first K stored layer inputs go to the host "
+                        "(pageable), the rest stay on the GPU (when the host cannot hold them all)")  # fmt: skip
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
+                   help="with --checkpointing full/offload: keep only every K-th layer input, regenerate the others "
+                        "in the backward (1/K of the checkpoint bytes, (K-1)/K extra forward per layer)")  # fmt: skip
+    p.add_argument(
+        "--chunked-rmsnorm",
+        action="store_true",
+        help="RMSNorms without fp32 (seq, hidden) copies (same values; the long-context memory peak)",
+    )
+    p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
+    p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS, help="LM head + cross-entropy implementation")
+    p.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model weights and compute dtype"
+    )
+    p.add_argument("--seed", type=int, default=42, help="data order and random-init weights")
+    p.add_argument("--save-every", type=int, default=0, help="save a resumable state every N steps (0: only at end)")
+    p.add_argument("--resume-from", default=None,
+                   help="a state dir written by --save-every / --stop-at-step (refused when --model, --seq-length or "
+                        "--parallel_mode differ from its run_config.json)")  # fmt: skip
+    p.add_argument("--stop-at-step", type=int, default=None,
+                   help="end this run at that step with a resumable state (time-limited jobs); the schedule "
+                        "still follows --max-train-steps")  # fmt: skip
+    p.add_argument("--log-every", type=positive_int, default=1, help="print and log metrics every N steps")
+    p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
+    p.add_argument("--tracker", default="none", choices=TRACKERS, metavar="{none,tensorboard,wandb,...}",
+                   help=f"experiment tracker, any of accelerate's: {', '.join(TRACKERS)} (wandb runs offline "
+                        "without WANDB_API_KEY)")  # fmt: skip
+    p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags (``--config`` recipe first, the command line over it), checked: a bad combination is a one-line
+    usage error before anything is built."""
+    p = build_parser()
+    args = recipe.parse_args_with_recipe(p, argv)
+    for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
+        missing = missing_local_path(name or "", flag)
+        if missing:
+            p.error(missing)
+    if args.wandb:
+        args.tracker = "wandb"
+    tracker_error = check_tracker(args.tracker)
+    if tracker_error:
+        p.error(tracker_error)
+    try:
+        args.random_rows = random_source_rows(args.dataset)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.random_rows is None and is_random_init(args.model) and not args.tokenizer:
+        p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
+    if args.vocab_size and args.random_rows is None:
+        p.error("--vocab-size is for --dataset random (a real dataset's ids come from its tokenizer)")
+    if args.random_rows is not None and args.model in PRESETS and not (args.tokenizer or args.vocab_size):
+        p.error(f"--model {args.model} with --dataset {args.dataset}: give --vocab-size (or --tokenizer)")
+    if unknown_mode_error(args.parallel_mode):
+        p.error(unknown_mode_error(args.parallel_mode))
+    return args
+
+
+def check_tracker(name: str) -> str | None:
+    """Why ``--tracker name`` cannot log here (its package is not installed), or None. wandb without an API key is
+    switched to offline mode (runs sync later with ``wandb sync``)."""
+    if name == "none":
+        return None
+    available = [t.value for t in get_available_trackers()]
+    if name == "all" and not available:
+        return f"--tracker all: no tracker is installed (pip install one of {', '.join(TRACKERS[2:])})"
+    if name != "all" and name not in available:
+        return f"--tracker {name} needs the {name} package: pip install {name}"
+    if name in ("wandb", "all") and "WANDB_API_KEY" not in os.environ:
+        os.environ.setdefault("WANDB_MODE", "offline")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# setup: each step fails with one line, before any work
+
+
+@contextmanager
+def exit_on(*errors: type[BaseException], flag: str = ""):
+    """Turn the expected failures of one setup step into a one-line ``error: [flag]message`` exit."""
+    try:
+        yield
+    except errors as exc:
+        sys.exit(f"error: {flag}{exc}")
+
+
+def make_accelerator(args) -> Accelerator:
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"  # gloo on CPU: else every rank thinks it is rank 0
+    return Accelerator(
+        # sync exactly every k micro-batches (not early at an epoch's end) and step the LR schedule ourselves,
+        # once per optimizer step (accelerate would step it once per process)
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=args.gradient_accumulate_every, sync_with_dataloader=False
+        ),
+        step_scheduler_with_optimizer=False,
+        log_with=None if args.tracker == "none" else args.tracker,
+        project_dir=args.output_dir,
+        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=30))]
+        if launched
+        else [],
+    )
+
+
+def check_launch(accelerator: Accelerator, args) -> None:
+    """A launch that cannot run this configuration exits; one that runs slowly (GPU defaults on CPU) warns."""
+    error = launch_error(accelerator.distributed_type != DistributedType.NO)  # CPU launch w/o ACCELERATE_USE_CPU=1
+    if error:
+        sys.exit(f"error: {error}")
+    error = deepspeed_precision_error(accelerator, getattr(torch, args.dtype))  # ZeRO-3 builds in that precision
+    if error:
+        sys.exit(f"error: --dtype {args.dtype}: {error}")
+    warning = cpu_defaults_warning(accelerator.device, args)
+    if accelerator.is_main_process and warning:
+        print(warning, file=sys.stderr)
+
+
+def cpu_defaults_warning(device: torch.device, args) -> str | None:
+    """A one-line warning when a CPU run keeps the GPU defaults (bf16, checkpointing), which are slow there."""
+    slow = [f"--dtype {args.dtype}"] if args.dtype == "bfloat16" else []
+    slow += [f"--checkpointing {args.checkpointing}"] if args.checkpointing != "none" else []
+    if device.type != "cpu" or not slow:
+        return None
+    return (f"warning: on CPU {' and '.join(slow)} are slow (tiny-llama measured 140-218 tokens/s with both, "
+            "617-743 with --dtype float32 --checkpointing none); pass those unless you need the memory")  # fmt: skip
+
+
+def resume_position(args, process_index: int) -> tuple[int, int, int]:
+    """(step, micro-batches consumed, skipped steps) to start from: zeros, or those of ``--resume-from`` after
+    checking its files and that this run keeps the model, length and layout it was trained with."""
+    if not args.resume_from:
+        return 0, 0, 0
+    with exit_on(CheckpointError):
+        position = read_training_position(args.resume_from, process_index)
+    mismatch = recipe.resume_mismatch(args, args.resume_from)
+    if mismatch:
+        sys.exit(f"error: {mismatch}")
+    return position["step"], position["micro_batches"], position["skipped_steps"]
+
+
+def init_sequence_parallel(sp_size: int | None) -> tuple[int, int]:
+    """This rank's (index, size) in its SP group; one process gets a process group of one, so SP code runs
+    unchanged."""
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    with exit_on(ValueError, flag=f"--sp-size {sp_size}: "):
+        sp_group, _ = ec.init_sp_groups(sp_size)
+    return torch.distributed.get_rank(sp_group), torch.distributed.get_world_size(sp_group)
+
+
+def backend_options(args) -> dict:
+    """The options the chosen backend takes (``SeqAlgo.options``), from the flags of the same names."""
+    try:
+        return ec.get_seq_algo(args.parallel_mode).options_from(option_values(args))
+    except ValueError as exc:
+        sys.exit(f"error: --{exc}")
+
+
+def check_layout(args, sp_size: int, config, opts: dict) -> None:
+    """Fail fast, with one line, on a layout the backend cannot run (the backend's own layout rule decides)."""
+    try:
+        layout = ec.get_seq_algo(args.parallel_mode).model_layout(sp_size, config, **opts).require()
+        layout.check_length(args.seq_length, "--seq-length")
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+
+
+def load_tokenizer_if_needed(args):
+    """The tokenizer of ``--tokenizer`` (default ``--model``); None for random tokens without one."""
+    if not (args.tokenizer or args.random_rows is None):
+        return None
+    with exit_on(OSError, RuntimeError, ValueError):
+        return load_tokenizer(args.tokenizer or args.model)
+
+
+def build_model(args, tokenizer, sp_size: int, opts: dict):
+    """The HF model in training mode, its attention switched to the backend, with the memory options applied."""
+    vocab = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
+    model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
+                       max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
+    model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
+    if tokenizer is not None and is_random_init(args.model):
+        match_special_tokens(model, tokenizer)
+    check_layout(args, sp_size, model.config, opts)
+    # checkpoint-after-attention needs our attention function, also under data parallel
+    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, always=args.checkpointing.startswith("attn"),
+                                       kernel=args.kernel, **opts)  # fmt: skip
+    with exit_on(ValueError):
+        apply_checkpointing(model, args.checkpointing, offload_layers=args.offload_layers,
+                            checkpoint_every=args.checkpoint_every)  # fmt: skip  # per decoder layer
+    if args.tiled_mlp:
+        enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
+    if args.chunked_rmsnorm:
+        enable_chunked_rmsnorm(model)
+    return model
+
+
+def build_loader(args, tokenizer, vocab_size: int, accelerator) -> tuple[EpochShuffleSampler, DataLoader]:
+    """The dataset's rows in a per-epoch shuffled order, one copy per SP group (sharded over DP groups only)."""
+    with exit_on(OSError, RuntimeError, ValueError):
+        dataset = load_train_dataset(args.dataset, tokenizer, args.seq_length, seed=args.seed,
+                                     show_progress=accelerator.is_local_main_process,
+                                     vocab_size=vocab_size)  # fmt: skip
+    sampler = EpochShuffleSampler(len(dataset), args.seed)
+    loader = ec.prepare_dataloader(args.parallel_mode, DataLoader(dataset, args.batch_size, sampler=sampler),
+                                   accelerator, sp_size=args.sp_size)  # fmt: skip
+    return sampler, loader
+
+
+def build_optimizer_and_schedule(args, accelerator, train_model):
+    """Built here from the flags, also under DeepSpeed (its json has no optimizer or scheduler section, so nothing
+    there can override --learning-rate or the schedule)."""
+    ds = accelerator.state.deepspeed_plugin
+    if ds is not None:
+        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = args.batch_size
+        ds.deepspeed_config["gradient_clipping"] = args.grad_clip
+    params = [p for p in train_model.parameters() if p.requires_grad]
+    with exit_on(ValueError):
+        optimizer = build_optimizer(params, accelerator, lr=args.learning_rate, weight_decay=args.weight_decay,
+                                    betas=tuple(args.adam_betas), name=args.optimizer)  # fmt: skip
+    return optimizer, get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
+
+
+def record_run(args, accelerator, optimizer, sp_size: int) -> None:
+    """The output dir with what actually runs (engine.txt: accelerate silently drops DeepSpeed in some setups) and
+    run_config.json (every flag, versions, git revision); the trackers started."""
+    engine = f"{accelerator.distributed_type} x{accelerator.num_processes}, {type(optimizer.optimizer).__name__}"
+    if accelerator.is_main_process:
+        os.makedirs(args.output_dir, exist_ok=True)
+        for line in remove_stale_temp(args.output_dir):  # an interrupted save's temp dir
+            print(line)
+        open(os.path.join(args.output_dir, "engine.txt"), "w").write(engine + "\n")
+        recipe.write_run_config(args.output_dir, recipe.run_record(
+            args, processes=accelerator.num_processes, sp_size=sp_size, engine=engine,
+            mixed_precision=accelerator.mixed_precision))  # fmt: skip
+    if args.tracker != "none":  # hyperparameters as trackers take them (TensorBoard: scalars or text)
+        scalar = (bool, int, float, str, type(None))
+        config = {k: v if isinstance(v, scalar) else str(v) for k, v in vars(args).items()}
+        accelerator.init_trackers(args.wandb or "easy_context", config=config)
+
+
+def tokens_per_step(args, processes: int, sp_size: int) -> int:
+    """Tokens of one optimizer step over all ranks (an SP group shares its sequences)."""
+    replicas = processes // sp_size if ec.get_seq_algo(args.parallel_mode).distributed else processes
+    return args.batch_size * args.seq_length * args.gradient_accumulate_every * replicas
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the step's pieces
+
+
+def micro_batch_stream(loader, sampler: EpochShuffleSampler, skip: int):
+    """Endless, deterministic stream of batches; skips the ``skip`` a resumed run already consumed."""
+
+    def epochs():
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            yield from loader
+
+    return itertools.islice(epochs(), skip, None)
+
+
+def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(inputs, position_ids or None, targets) of a (batch, seq_length + 1) micro-batch, on the host. A dataset packed
+    with ``--pack documents`` also yields position_ids restarting at each document (attention stays inside it); one
+    with needle rows trained on their answers yields labels (-100: not trained), whose next token is the target."""
+    if not isinstance(batch, dict):
+        return batch[:, :-1].cpu(), None, batch[:, 1:].cpu()
+    positions = batch.get("position_ids")
+    targets = batch.get("labels", batch["input_ids"])
+    return (
+        batch["input_ids"][:, :-1].cpu(),
+        None if positions is None else positions[:, :-1].cpu(),
+        targets[:, 1:].cpu(),
+    )
+
+
+def to_host(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> tuple[float, float | None]:
+    """The step's loss and gradient norm as Python floats, in one device-to-host sync."""
+    if grad_norm is None:
+        return loss.item(), None
+    loss, grad_norm = torch.stack([loss, torch.as_tensor(grad_norm, dtype=loss.dtype, device=loss.device)]).tolist()
+    return loss, grad_norm
+
+
+def nonfinite_problem(step: int, loss: float, grad_norm: float | None) -> str | None:
+    """Why step ``step`` must not update the weights (its loss or gradient norm is inf/NaN), or None."""
+    bad = [f"{name} {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
+           if value is not None and not math.isfinite(value)]  # fmt: skip
+    return f"step {step}: non-finite {' and '.join(bad)}" if bad else None
+
+
+def stop_unless_skippable(problem: str, args, skips_in_a_row: int, deepspeed_applied: bool) -> None:
+    """Exit (before any checkpoint from this step) unless ``--nonfinite skip`` may drop the step's update."""
+    if deepspeed_applied:
+        sys.exit(f"error: {problem}; DeepSpeed applied that update (its ZeRO stage does not skip non-finite "
+                 "gradients): stopped before any checkpoint from it")  # fmt: skip
+    if args.nonfinite == "stop":
+        sys.exit(f"error: {problem}; stopped before updating the weights (--nonfinite stop)")
+    if skips_in_a_row > args.max_skips_in_a_row:
+        sys.exit(f"error: {problem}; {skips_in_a_row} steps in a row skipped "
+                 f"(--max-skips-in-a-row {args.max_skips_in_a_row})")  # fmt: skip
+
+
+def run() -> None:
+    """The ``easy-context-train`` console script: :func:`main`, then :func:`exit_process`."""
+    main()
+    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
+
+
+if __name__ == "__main__":
+    main()
+    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
