@@ -152,7 +152,7 @@ def parse_args_with_recipe(parser: argparse.ArgumentParser, argv: list[str] | No
         recipe = load_recipe(path)
     except ValueError as exc:
         parser.error(str(exc))
-    if isinstance(recipe.get("args"), dict) and "versions" in recipe:  # a run_config.json: the flags of that run
+    if _is_record(recipe) and "versions" in recipe:  # a run_config.json: the flags of that run
         options = _long_options(parser)
         recipe = {key: value for key, value in recipe["args"].items() if _key_action(options, key)}
     return parser.parse_args(recipe_argv(parser, recipe, path) + argv)
@@ -218,16 +218,24 @@ def write_run_config(output_dir: str | Path, record: dict[str, Any]) -> Path:
     return path
 
 
+def _is_record(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("args"), dict)
+
+
 def recorded_run(state_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """(path, record) of the ``run_config.json`` of the run that wrote ``state_dir`` (the state dir's own, else its
-    output dir's: states are ``<output-dir>/state-stepN``), or None (a state saved before runs were recorded)."""
-    for path in (Path(state_dir) / RUN_CONFIG, Path(state_dir).parent / RUN_CONFIG):
-        if path.is_file():
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                return None
-            return (path, record) if isinstance(record, dict) and isinstance(record.get("args"), dict) else None
+    """(file, record) of the run that wrote ``state_dir``: the record train.py saves in each state (the ``config`` of
+    its ``easy_context_state.json``, train_state.save_training_state), else the output dir's ``run_config.json``
+    (states are ``<output-dir>/state-stepN``); None for a state saved before runs were recorded."""
+    from .train_state import STATE_JSON
+
+    for path, key in ((Path(state_dir) / STATE_JSON, "config"), (Path(state_dir).parent / RUN_CONFIG, None)):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        record = data.get(key) if key and isinstance(data, dict) else data
+        if _is_record(record):
+            return path, record
     return None
 
 

@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     optimizer, scheduler = build_optimizer_and_schedule(args, accelerator, train_model)
     train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
     ds = accelerator.state.deepspeed_plugin
-    record_run(args, accelerator, optimizer, sp_size)
+    record = record_run(args, accelerator, optimizer, sp_size)
     if args.resume_from:
         with exit_on(CheckpointError):
             load_training_state(accelerator, args.resume_from)
@@ -139,8 +139,7 @@ def main(argv=None) -> None:
                             **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
-            with exit_on(CheckpointError):
-                save_training_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped)
+            save_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped, record)
 
     if not args.no_save:
         with exit_on(CheckpointError):
@@ -456,22 +455,31 @@ def build_optimizer_and_schedule(args, accelerator, train_model):
     return optimizer, get_scheduler(args.lr_schedule, optimizer, args.warmup_steps, args.max_train_steps)
 
 
-def record_run(args, accelerator, optimizer, sp_size: int) -> None:
+def record_run(args, accelerator, optimizer, sp_size: int) -> dict | None:
     """The output dir with what actually runs (engine.txt: accelerate silently drops DeepSpeed in some setups) and
-    run_config.json (every flag, versions, git revision); the trackers started."""
+    run_config.json (every flag, versions, git revision: the record, returned on the main process); the trackers
+    started."""
     engine = f"{accelerator.distributed_type} x{accelerator.num_processes}, {type(optimizer.optimizer).__name__}"
+    record = None
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
         for line in remove_stale_temp(args.output_dir):  # an interrupted save's temp dir
             print(line)
         open(os.path.join(args.output_dir, "engine.txt"), "w").write(engine + "\n")
-        recipe.write_run_config(args.output_dir, recipe.run_record(
-            args, processes=accelerator.num_processes, sp_size=sp_size, engine=engine,
-            mixed_precision=accelerator.mixed_precision))  # fmt: skip
+        record = recipe.run_record(args, processes=accelerator.num_processes, sp_size=sp_size, engine=engine,
+                                   mixed_precision=accelerator.mixed_precision)  # fmt: skip
+        recipe.write_run_config(args.output_dir, record)
     if args.tracker != "none":  # hyperparameters as trackers take them (TensorBoard: scalars or text)
         scalar = (bool, int, float, str, type(None))
         config = {k: v if isinstance(v, scalar) else str(v) for k, v in vars(args).items()}
         accelerator.init_trackers(args.wandb or "easy_context", config=config)
+    return record
+
+
+def save_state(accelerator, directory: str, step: int, consumed: int, skipped: int, record: dict | None) -> None:
+    """A resumable state with the run's record in it (its ``config``), which --resume-from checks."""
+    with exit_on(CheckpointError):
+        save_training_state(accelerator, directory, step, consumed, skipped, config=record)
 
 
 def tokens_per_step(args, processes: int, sp_size: int) -> int:

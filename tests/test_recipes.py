@@ -74,11 +74,13 @@ def test_yaml_recipe_trains_on_two_processes_records_its_run_and_refuses_a_chang
     assert record["command"][:3] == ["train.py", "--config", config]
 
     state = out / "state-step2"
+    assert json.loads((state / "easy_context_state.json").read_text())["config"] == record  # each state holds it
     resume = [sys.executable, "-m", "easy_context.train", "--config", config, "--resume-from", str(state)]
     res = subprocess.run([*resume, "--seq-length", "128", "--max-train-steps", "3"], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 1
-    assert "--seq-length 64 -> 128" in res.stderr and str(out / "run_config.json") in res.stderr, res.stderr[-2000:]
+    assert "--seq-length 64 -> 128" in res.stderr, res.stderr[-2000:]
+    assert str(state / "easy_context_state.json") in res.stderr  # the record the state holds
     # the same recipe with more steps may resume it; the record is also a recipe that repeats the run's flags
     assert recipe.resume_mismatch(parse_args([*resume[3:], "--max-train-steps", "3"]), state) is None
     again = parse_args(["--config", str(out / "run_config.json")])
