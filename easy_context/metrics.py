@@ -29,10 +29,12 @@ class MetricsLogger:
     (6N + causal attention FLOPs per token, recompute not counted, against the datasheet bf16 peak).
 
     A run starting at ``start_step`` (0, or the step it resumed at) keeps only the rows up to that step: a run
-    killed after its last saved state logged steps that its resumption logs again.
+    killed after its last saved state logged steps that its resumption logs again. ``start_tokens``: the tokens
+    trained before ``start_step`` (a resumed state's record; default ``start_step * tokens_per_step``).
     """
 
-    def __init__(self, accelerator, output_dir: str, config, seq_length: int, tokens_per_step: int, start_step: int):
+    def __init__(self, accelerator, output_dir: str, config, seq_length: int, tokens_per_step: int, start_step: int,
+                 start_tokens: int | None = None):  # fmt: skip
         self.accelerator = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
         self.flops_per_token = train_flops_per_token(config, seq_length)
@@ -40,7 +42,9 @@ class MetricsLogger:
         peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         self.peak_total = None if peak is None else peak * accelerator.num_processes
         self.tokens_per_step = tokens_per_step
-        self.tokens = 0
+        self.start_step = start_step
+        self.start_tokens = start_step * tokens_per_step if start_tokens is None else start_tokens
+        self.tokens = self.start_tokens
         self.last, self.last_step = time.perf_counter(), start_step
         if accelerator.is_main_process:
             os.makedirs(output_dir, exist_ok=True)
@@ -66,7 +70,8 @@ class MetricsLogger:
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
         steps, self.last_step = step - self.last_step, step  # since the previous row (--log-every N: N steps)
-        self.tokens = step * self.tokens_per_step
+        self.tokens = self.start_tokens + (step - self.start_step) * self.tokens_per_step  # resumed on another layout:
+        # the tokens the state recorded, then this layout's per step
         row = {
             "step": step,
             "loss": loss,

@@ -14,7 +14,6 @@ config. Each run records its flags, package versions and git revision in OUTPUT_
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import math
 import os
@@ -33,7 +32,7 @@ import easy_context as ec
 from easy_context import cli, launch_configs, recipe
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
 from easy_context.deepspeed_precision import deepspeed_precision_error
-from easy_context.groups import launch_error
+from easy_context.groups import collective_timeout, launch_error
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
     CausalLMWithLoss,
@@ -49,13 +48,17 @@ from easy_context.process_exit import exit_process
 from easy_context.registry import add_backend_args, option_values, unknown_mode_error
 from easy_context.train_state import (
     CheckpointError,
+    DataLayout,
     EpochShuffleSampler,
     load_training_state,
+    model_fingerprint,
     read_training_position,
     remove_stale_temp,
+    resume_plan,
     save_hf_checkpoint,
     save_training_state,
 )
+from easy_context.watchdog import Watchdog
 
 TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate knows ("all": those installed)
 
@@ -64,7 +67,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     accelerator = make_accelerator(args)
     check_launch(accelerator, args)
-    start_step, consumed, skipped = resume_position(args, accelerator.process_index)
+    start_step, position = resume_position(args, accelerator.process_index)
     last_step = args.max_train_steps if args.stop_at_step is None else min(args.max_train_steps, args.stop_at_step)
     if start_step >= last_step:  # e.g. a re-queued job resuming a finished run: done before building anything
         if accelerator.is_main_process:
@@ -88,8 +91,14 @@ def main(argv=None) -> None:
     if args.resume_from:
         with exit_on(CheckpointError):
             load_training_state(accelerator, args.resume_from)
+    layout = data_layout(args, accelerator, loader, sp_size, model.config, opts)
+    consumed, skipped, tokens = continue_from(position, layout, args, accelerator)
     step_tokens = tokens_per_step(args, accelerator.num_processes, sp_size)
-    metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step)
+    metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step,
+                            start_tokens=tokens)  # fmt: skip
+    long_phase = max(args.step_timeout, 1800)  # the first step (compile, warm-up) and checkpoint saves
+    watchdog = Watchdog(args.step_timeout, accelerator.process_index).start(within_s=long_phase) if (
+        args.step_timeout) else None  # fmt: skip  # a stuck rank or a dead launcher ends the job: never a hang
 
     # the loop: one optimizer step of --gradient-accumulate-every micro-batches per iteration
     stream = micro_batch_stream(loader, sampler, skip=consumed)
@@ -133,17 +142,29 @@ def main(argv=None) -> None:
             stop_unless_skippable(problem, args, skips_in_a_row, ds is not None and train_model.was_step_applied())
         scheduler.step()
         optimizer.zero_grad()
+        tokens += step_tokens
+        if watchdog:
+            watchdog.beat(step + 1)
         if (step + 1) % args.log_every == 0 or step + 1 == last_step:
             row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0], skipped)
             bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
-            save_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped, record)
+            if watchdog:
+                watchdog.beat(step + 1, within_s=long_phase, doing=f"saving state-step{step + 1}")
+            save_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped, record,
+                       layout, tokens)  # fmt: skip
+            if watchdog:
+                watchdog.beat(step + 1)
 
+    if watchdog:
+        watchdog.beat(last_step, within_s=long_phase, doing="saving the final model")
     if not args.no_save:
         with exit_on(CheckpointError):
             save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
+    if watchdog:  # left running until the process exits (exit_process): a teardown that hangs ends too
+        watchdog.beat(last_step, within_s=300, doing="shutting down")
     accelerator.end_training()
     if accelerator.is_main_process:
         what = "metrics in" if args.no_save else "saved"
@@ -249,6 +270,10 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--resume-from", default=None,
                    help="a state dir written by --save-every / --stop-at-step (refused when --model, --seq-length or "
                         "--parallel_mode differ from its run_config.json)")  # fmt: skip
+    p.add_argument("--step-timeout", type=float, default=600, metavar="S",
+                   help="end the job (exit 124) when a rank makes no progress for S seconds, naming the rank and step: "
+                        "a stuck rank or a dead launcher never hangs it (the first step and saves get max(S, 1800) "
+                        "s); 0: off")  # fmt: skip
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
@@ -330,7 +355,7 @@ def make_accelerator(args) -> Accelerator:
         step_scheduler_with_optimizer=False,
         log_with=None if args.tracker == "none" else args.tracker,
         project_dir=args.output_dir,
-        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(minutes=30))]
+        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=collective_timeout(default_s=1800))]
         if launched
         else [],
     )
@@ -359,17 +384,45 @@ def cpu_defaults_warning(device: torch.device, args) -> str | None:
             "617-743 with --dtype float32 --checkpointing none); pass those unless you need the memory")  # fmt: skip
 
 
-def resume_position(args, process_index: int) -> tuple[int, int, int]:
-    """(step, micro-batches consumed, skipped steps) to start from: zeros, or those of ``--resume-from`` after
-    checking its files and that this run keeps the model, length and layout it was trained with."""
+def resume_position(args, process_index: int) -> tuple[int, dict | None]:
+    """(step to start from, the ``--resume-from`` state's position or None) after checking the state's files and
+    that this run keeps the model, length and layout it was trained with."""
     if not args.resume_from:
-        return 0, 0, 0
+        return 0, None
     with exit_on(CheckpointError):
         position = read_training_position(args.resume_from, process_index)
     mismatch = recipe.resume_mismatch(args, args.resume_from)
     if mismatch:
         sys.exit(f"error: {mismatch}")
-    return position["step"], position["micro_batches"], position["skipped_steps"]
+    return position["step"], position
+
+
+def data_layout(args, accelerator, loader, sp_size: int, config, opts: dict) -> DataLayout:
+    """How this run reads its data (what a resumable state records, so that a resume on another layout continues
+    from the same global sample)."""
+    distributed = ec.get_seq_algo(args.parallel_mode).distributed
+    return DataLayout(
+        data_shards=accelerator.num_processes // sp_size if distributed else accelerator.num_processes,
+        batch_size=args.batch_size, batches_per_epoch=len(loader), dataset_rows=len(loader.dataset),
+        seq_length=args.seq_length, seed=args.seed, model=model_fingerprint(config),
+        world_size=accelerator.num_processes, sp_size=sp_size, parallel_mode=args.parallel_mode, options=opts,
+        gradient_accumulate_every=args.gradient_accumulate_every,
+    )  # fmt: skip
+
+
+def continue_from(position: dict | None, layout: DataLayout, args, accelerator) -> tuple[int, int, int]:
+    """(micro-batches consumed, skipped steps, tokens trained) to continue from: zeros for a new run; a resumed
+    state's, mapped onto this layout (:func:`~easy_context.train_state.resume_plan`: the same global sample, none
+    trained twice; a changed seq length, seed, dataset or model is refused)."""
+    if position is None:
+        return 0, 0, 0
+    with exit_on(CheckpointError):
+        plan = resume_plan(position, layout, args.resume_from)
+    if accelerator.is_main_process:
+        for note in plan.notes:
+            print(f"note: {note}")
+    start = position["step"] * tokens_per_step(args, accelerator.num_processes, layout.sp_size)
+    return plan.micro_batches, position["skipped_steps"], start if plan.tokens is None else plan.tokens
 
 
 def init_sequence_parallel(sp_size: int | None) -> tuple[int, int]:
@@ -476,10 +529,13 @@ def record_run(args, accelerator, optimizer, sp_size: int) -> dict | None:
     return record
 
 
-def save_state(accelerator, directory: str, step: int, consumed: int, skipped: int, record: dict | None) -> None:
-    """A resumable state with the run's record in it (its ``config``), which --resume-from checks."""
+def save_state(accelerator, directory: str, step: int, consumed: int, skipped: int, record: dict | None,
+               layout: DataLayout, tokens: int) -> None:  # fmt: skip
+    """A resumable state with the run's record (its ``config``, which --resume-from checks), its data layout and
+    the tokens trained so far."""
     with exit_on(CheckpointError):
-        save_training_state(accelerator, directory, step, consumed, skipped, config=record)
+        save_training_state(accelerator, directory, step, consumed, skipped, layout=layout, tokens=tokens,
+                            config=record)  # fmt: skip
 
 
 def tokens_per_step(args, processes: int, sp_size: int) -> int:

@@ -298,3 +298,17 @@ def test_eval_ppl_keeps_the_rows_of_models_scored_before_a_missing_one(data_dir,
     ), res.stderr[-3000:]
     rows = output.read_text().splitlines()
     assert [r.split(",")[:2] for r in rows[1:]] == [["tiny-llama", "64"], ["tiny-llama", "128"]]
+
+
+def test_resume_on_fewer_processes_continues_from_the_same_sample(data_dir, tmp_path):
+    """A data_parallel run on 2 processes resumed on 1 (issue 19 item 3): the state's position maps onto the new
+    layout (16 samples read = 8 micro-batches of 2 rows on one process, not the 4 per process that were saved) and
+    the tokens metric continues from the 4,096 tokens the state recorded."""
+    out = tmp_path / "run"
+    run_train(data_dir, out, *FAST, "--save-every", "2", procs=2, steps=4)
+    state = json.loads((out / "state-step2" / "easy_context_state.json").read_text())
+    assert state["tokens"] == 2 * (2 * 256 * 2 * 2)  # steps x (batch x seq x accumulation x 2 data shards)
+    res = run_train(data_dir, out, *FAST, "--resume-from", str(out / "state-step2"), procs=1, steps=4)
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["tokens"] for r in rows] == [2048, 4096, 4096 + 1024, 4096 + 2048], res.stdout
