@@ -56,6 +56,25 @@ if rank == 0:
 """
 
 
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object printed in ``text``, also when two ranks' lines landed on one line."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1)
+            continue
+        found.append(obj)
+        at = text.find("{", end)
+    return found
+
+
+def test_json_objects_splits_interleaved_lines():
+    assert json_objects('x {"rank": 0}{"rank": 1, "a": [1]}\n{"rank": 2} {bad') == [{"rank": 0}, {"rank": 1, "a": [1]},
+                                                                                 {"rank": 2}]  # fmt: skip
+
+
 def test_subgroups_keep_the_job_timeout_and_a_failed_ring_backward_is_bounded(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
@@ -63,7 +82,7 @@ def test_subgroups_keep_the_job_timeout_and_a_failed_ring_backward_is_bounded(tm
     env.pop(groups.TIMEOUT_ENV, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
-    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    rows = json_objects(res.stdout)
     by = lambda key: {r["rank"]: r for r in rows if key in r}  # noqa: E731
     assert by("dp") == {r: {"rank": r, "world": 600.0, "dp": 600.0} for r in (0, 1)}, res.stdout + res.stderr[-3000:]
     assert all(r["after"] == [3.0, 3.0, 3.0] for r in by("after").values()) and len(by("after")) == 2
