@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 import torch.distributed as dist
@@ -49,3 +50,10 @@ def exit_process(code: int = 0) -> NoReturn:
             except (OSError, ValueError):  # closed or broken pipe: nothing more can be written anyway
                 pass
         os._exit(code)
+
+
+def run_program(main: Callable[[], object]) -> NoReturn:
+    """A script's entry point (console script or ``__main__``): ``main()``, then :func:`exit_process` after the work
+    (it skips only torch's gloo teardown race)."""
+    main()
+    exit_process()

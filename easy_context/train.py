@@ -44,7 +44,7 @@ from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_ch
 from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
 from easy_context.optim import OPTIMIZERS, build_optimizer
-from easy_context.process_exit import exit_process
+from easy_context.process_exit import run_program
 from easy_context.registry import add_backend_args, option_values, unknown_mode_error
 from easy_context.train_state import (
     CheckpointError,
@@ -602,11 +602,9 @@ def stop_unless_skippable(problem: str, args, skips_in_a_row: int, deepspeed_app
 
 
 def run() -> None:
-    """The ``easy-context-train`` console script: :func:`main`, then :func:`exit_process`."""
-    main()
-    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
+    """The ``easy-context-train`` console script."""
+    run_program(main)
 
 
 if __name__ == "__main__":
-    main()
-    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
+    run()

@@ -32,7 +32,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.models import PRESETS, missing_local_path
-from easy_context.process_exit import exit_process
+from easy_context.process_exit import run_program
 from easy_context.registry import option_values
 
 
@@ -139,11 +139,9 @@ def main(argv=None) -> None:
 
 
 def run() -> None:
-    """The ``easy-context-eval-needle`` console script: :func:`main`, then :func:`exit_process`."""
-    main()
-    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
+    """The ``easy-context-eval-needle`` console script."""
+    run_program(main)
 
 
 if __name__ == "__main__":
-    main()
-    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
+    run()
