@@ -1,22 +1,27 @@
-"""End a distributed script without torch's gloo teardown abort.
+"""End a distributed script without tearing its process groups down: no gloo abort, no teardown deadlock.
 
-torch's gloo backend (2.13) frees each finished collective on its own worker thread ("pt_gloo_runloop") *after*
-``wait()`` has returned. Freeing it drops the last reference to a Python tensor, so that thread must take the
-GIL; if the main thread is by then finalizing the interpreter, the worker is force-exited while unwinding a C++
-destructor, which calls ``std::terminate``: "terminate called without an active exception", SIGABRT, exit -6,
-after all of the script's work is done (gdb backtrace: ``~AsyncAllreduceWork`` -> ``decref_pyobject`` ->
-``take_gil`` -> ``pthread_exit``; pytorch/pytorch#179291). ``destroy_process_group`` does not join those threads.
+Two ways torch's gloo backend (2.13) breaks the end of a finished script, both found here:
 
-It happens when a reference to a process group outlives ``destroy_process_group`` (ours, DeepSpeed's, the
-user's): the group is then freed during finalization instead of inside ``destroy_process_group``, whose
-destructor waits for those threads. Measured on this project's 2-core machine (2026-11-29), 2 gloo ranks, 20
-all_reduces, ``destroy_process_group``, normal exit: 0 of 12 runs aborted; the same holding one reference to the
-world group: 10 of 12. train.py under 2-rank zigzag aborted in 2 of 29 runs (and once in CI).
+* **Abort at finalization.** gloo frees each finished collective on its own worker thread ("pt_gloo_runloop")
+  *after* ``wait()`` has returned. Freeing it drops the last reference to a Python tensor, so that thread must take
+  the GIL; if the main thread is by then finalizing the interpreter, the worker is force-exited while unwinding a
+  C++ destructor: "terminate called without an active exception", SIGABRT, exit -6, after all the work is done
+  (pytorch/pytorch#179291). Measured (2026-11-29, 2 gloo ranks holding a reference to the world group past
+  ``destroy_process_group``, normal exit): 10 aborts in 12 runs; train.py under 2-rank zigzag: 2 in 29.
+* **Deadlock in a group's destructor.** A group destroyed while something still holds it (accelerate's
+  ``end_training()`` destroys the world group while the DDP model's reducer holds it) is freed later, when that
+  holder goes (``main()`` returning): ``~ProcessGroupGloo`` then runs on the main thread *with the GIL held* and
+  waits for the work mutex, which a worker thread holds while it frees that same last collective and waits for
+  the GIL. Both wait forever, and a Python watchdog thread cannot run either (gdb, 2026-12-01: main thread in
+  ``~ProcessGroupGloo`` <- ``~Reducer`` <- the frame of ``main`` being cleared; ``pt_gloo_runloop`` in
+  ``~AsyncAllgatherWork`` -> ``take_gil``). train.py's 2-process test run hung so in 1 of 21 runs (CI: the
+  suite hung until its 90-minute limit).
 
-So: the library holds no reference to the world group, drops its cached subgroups before destroying them, and
-scripts end with :func:`exit_process`, which skips only the interpreter's finalization: the process groups are
-destroyed, the ``atexit`` handlers run (trackers, logging, temporary files), the streams are flushed, then
-``os._exit`` (tests/test_process_exit.py: 0 aborts in 30 runs that abort 6 times in 20 without it).
+So scripts end with :func:`exit_process`: it runs the ``atexit`` handlers (trackers, logging, temporary files)
+while the interpreter is fully alive, flushes the streams and calls ``os._exit``. It destroys no process group:
+``os._exit`` runs no destructor, so neither race can happen (the operating system closes the sockets; NCCL's
+resources go with the process). Scripts must not destroy the world group themselves before the end either (in
+train.py: the trackers are finished, ``accelerator.end_training()`` is not called).
 """
 
 from __future__ import annotations
@@ -27,20 +32,14 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-import torch.distributed as dist
-
-from easy_context.groups import reset_groups
-
 
 def exit_process(code: int = 0) -> NoReturn:
-    """Destroy every process group, run the ``atexit`` handlers, flush, and end the process with ``code``.
+    """Run the ``atexit`` handlers, flush, and end the process with ``code``; the process groups are left to the
+    operating system (see the module doc: destroying them is what aborts or deadlocks).
 
     Call it last, from a script's ``if __name__ == "__main__":`` block (never from library code or a function
     a test calls in-process). Safe with or without an initialised process group.
     """
-    if dist.is_available() and dist.is_initialized():
-        reset_groups()  # our cached subgroups: freed now, inside destroy_process_group, not at exit
-        dist.destroy_process_group()
     try:
         atexit._run_exitfuncs()  # what a normal exit would run, while the interpreter is fully alive
     finally:
@@ -54,6 +53,6 @@ def exit_process(code: int = 0) -> NoReturn:
 
 def run_program(main: Callable[[], object]) -> NoReturn:
     """A script's entry point (console script or ``__main__``): ``main()``, then :func:`exit_process` after the work
-    (it skips only torch's gloo teardown race)."""
+    (it skips only the process groups' teardown races)."""
     main()
     exit_process()

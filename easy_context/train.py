@@ -165,7 +165,8 @@ def main(argv=None) -> None:
             save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
     if watchdog:  # left running until the process exits (exit_process): a teardown that hangs ends too
         watchdog.beat(last_step, within_s=300, doing="shutting down")
-    accelerator.end_training()
+    for tracker in accelerator.trackers:  # not accelerator.end_training(): it destroys the world group while
+        tracker.finish()  # the model still holds it, and freeing it later can deadlock (process_exit.py)
     if accelerator.is_main_process:
         what = "metrics in" if args.no_save else "saved"
         print(f"{what} {args.output_dir} (final loss {logged:.4f}, {math.exp(min(logged, 50)):.1f} ppl)")

@@ -22,6 +22,11 @@ A step that may legitimately take longer (the first one, a checkpoint save) gets
 ``beat(step, within_s=..., doing="saving state-step8")`` / ``start(within_s=...)``. Keep it running through the
 end of the run (the teardown of the process groups can hang too); :func:`~easy_context.process_exit.exit_process`
 ends the process, and the watchdog with it.
+
+A hang that holds the GIL (a C++ call that never returns without releasing it, as gloo's group destructor in
+its teardown deadlock) stops every Python thread, this watchdog's too. For that case each beat also arms a
+timer in C, ``faulthandler.dump_traceback_later``, ``backstop_s`` seconds past the deadline: it prints
+``Timeout (h:mm:ss)!`` and every thread's stack without the GIL and ends the process with exit code 1.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import time
 from typing import Any, TextIO
 
 EXIT_CODE = 124  # what timeout(1) returns: the job was ended for taking too long
+BACKSTOP_EXIT_CODE = 1  # what faulthandler's timer exits with (fixed in CPython)
 _KEY = "easy_context/watchdog/{}"
 
 
@@ -65,11 +71,13 @@ class Watchdog:
     ``rank``: named in the messages (default: the process group's rank, else ``$RANK``). ``store``: a c10d store
     for heartbeats (None: the default process group's, when there is one; False: none) with ``world_size`` ranks.
     ``exit_if_orphaned``: end the process when its parent changes (None: only under torchrun / accelerate
-    launch). ``stream``: where the stacks and the error line go (default stderr)."""
+    launch). ``stream``: where the stacks and the error line go (default stderr). ``backstop_s``: the GIL-free
+    timer's margin past each deadline (None: a quarter of ``timeout_s``, 10 to 120 s; 0: no timer; it needs a
+    stream with a file descriptor and is process-wide: one armed watchdog per process)."""
 
     def __init__(self, timeout_s: float, rank: int | None = None, *, exit_code: int = EXIT_CODE, store: Any = None,
                  world_size: int | None = None, exit_if_orphaned: bool | None = None,
-                 stream: TextIO | None = None):  # fmt: skip
+                 stream: TextIO | None = None, backstop_s: float | None = None):  # fmt: skip
         if not timeout_s > 0:
             raise ValueError(f"watchdog timeout must be > 0 seconds, got {timeout_s}")
         self.timeout_s = float(timeout_s)
@@ -83,12 +91,15 @@ class Watchdog:
             exit_if_orphaned = "TORCHELASTIC_RUN_ID" in os.environ
         self.parent = os.getppid() if exit_if_orphaned else None
         self.stream = stream
+        self.backstop_s = min(120.0, max(10.0, self.timeout_s / 4)) if backstop_s is None else float(backstop_s)
+        self._backstop_fd = self._file_descriptor() if self.backstop_s > 0 else None
         self.poll_s = min(1.0, max(self.timeout_s / 20, 0.05))
         self.heartbeat_s = min(5.0, max(self.timeout_s / 8, 0.2))
         self.step: int | None = None  # the last step done (beat), None before the first
         self.doing: str | None = None  # what runs until the next beat (None: the next step)
         self._last = self._deadline = 0.0
         self._stop = threading.Event()
+        self._stop.set()  # until start()
         self._wake = threading.Event()  # a beat: publish the new step now
         self._rearm = threading.Event()  # a beat: the watcher recomputes its wait
         self._threads: list[threading.Thread] = []
@@ -121,6 +132,8 @@ class Watchdog:
         self._stop.set()
         self._wake.set()
         self._rearm.set()
+        if self._backstop_fd is not None and self._threads:
+            faulthandler.cancel_dump_traceback_later()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=self.heartbeat_s + 1)
@@ -137,6 +150,16 @@ class Watchdog:
         now = time.monotonic()
         self._last = now
         self._deadline = now + (self.timeout_s if within_s is None else float(within_s))
+        if self._backstop_fd is not None and not self._stop.is_set():  # from start() on, until stop()
+            faulthandler.dump_traceback_later(self._deadline - now + self.backstop_s, exit=True,
+                                              file=self._backstop_fd)  # fmt: skip
+
+    def _file_descriptor(self) -> int | None:
+        """The stream's file descriptor for the C timer (None: the stream has none, no backstop)."""
+        try:
+            return (self.stream or sys.stderr).fileno()
+        except (AttributeError, OSError, ValueError):
+            return None
 
     def _watch(self) -> None:
         while not self._stop.is_set():

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
+
+from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = ROOT / "assets" / "demo_base"
@@ -27,8 +28,7 @@ def test_demo_extension_grows_the_usable_context(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "OUT": str(out), "TARGET": "1024", "EXT_STEPS": "40", "SAMPLES": "1", "SEED": "0",
            "PY": os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python"))}  # fmt: skip
-    res = subprocess.run(["bash", "train_scripts/demo_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)  # fmt: skip
+    res = run_job(["bash", "train_scripts/demo_cpu.sh"], cwd=ROOT, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     before, after = summary["before"], summary["after"]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs import run_job
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the model reads a long context and learns where each word comes from in the text while every "
          "sentence ends").split()  # fmt: skip
@@ -34,7 +36,7 @@ def run(script: str, *args: str, procs: int = 1, check: bool = True) -> subproce
     if procs > 1:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu_2proc.yaml",
                "--num_processes", str(procs), script, *args]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    res = run_job(cmd, cwd=ROOT, env=ENV, timeout=600)
     if check:
         assert res.returncode == 0, res.stderr[-3000:]
     return res

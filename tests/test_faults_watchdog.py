@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from easy_context.watchdog import EXIT_CODE, Watchdog
+from easy_context.watchdog import BACKSTOP_EXIT_CODE, EXIT_CODE, Watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,3 +197,26 @@ def test_watchdog_names_what_was_running():
     assert last.startswith("error: watchdog: rank 0 stalled shutting down: no progress for 0.") and (
         "s since step 4 ended (watchdog timeout 0.5 s)" in last
     ), last
+
+
+def test_a_hang_that_holds_the_gil_is_ended_by_the_c_timer():
+    """A C call that never releases the GIL (as gloo's group destructor in its teardown deadlock, which hung
+    train.py's exit in 1 of 21 runs and a CI run for 90 minutes) stops the watchdog's Python threads; the C timer
+    armed with each beat still dumps every stack and ends the process."""
+    code = ("import ctypes\nfrom easy_context.watchdog import Watchdog\n"
+            "wd = Watchdog(0.5, rank=0, store=False, backstop_s=1.0).start()\nwd.beat(3)\n"
+            "ctypes.PyDLL(None).sleep(60)  # libc sleep(3) called with the GIL held\n")  # fmt: skip
+    start = time.monotonic()
+    res = run_single(code)
+    elapsed = time.monotonic() - start
+    assert res.returncode == BACKSTOP_EXIT_CODE and elapsed < 20, (res.returncode, elapsed, res.stderr[-2000:])
+    assert "Timeout (0:00:01.5" in res.stderr and "line 5 in <module>" in res.stderr, res.stderr[-2000:]
+    assert "error: watchdog" not in res.stderr  # the Python thread never got the GIL to print its line
+
+
+def test_stop_disarms_the_c_timer():
+    code = ("import time\nfrom easy_context.watchdog import Watchdog\n"
+            "wd = Watchdog(0.3, rank=0, store=False, backstop_s=0.2).start()\nwd.beat(1)\nwd.stop()\n"
+            "wd.beat(2)  # a beat after stop arms nothing\ntime.sleep(1.5)\nprint('ok')\n")  # fmt: skip
+    res = run_single(code)
+    assert res.returncode == 0 and res.stdout.strip() == "ok" and "Timeout" not in res.stderr, res.stderr

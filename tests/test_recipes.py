@@ -15,6 +15,7 @@ import pytest
 
 from easy_context import recipe
 from easy_context.train import TRACKERS, backend_options, build_parser, check_layout, check_tracker, parse_args
+from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -59,7 +60,7 @@ def test_yaml_recipe_trains_on_two_processes_records_its_run_and_refuses_a_chang
     config = write_recipe(tmp_path, TINY)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu_2proc.yaml",
               "-m", "easy_context.train", "--config", config]  # fmt: skip
-    res = subprocess.run(launch, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    res = run_job(launch, cwd=ROOT, env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "out"
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.jobs import run_job
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,7 +57,7 @@ def run_train(
     else:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
                "--num_processes", str(procs), *args]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    res = run_job(cmd, cwd=ROOT, env=env, timeout=600)
     if check:
         assert res.returncode == 0, res.stderr[-3000:]
     return res

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests import test_train
+from tests.jobs import run_job
 from tests.test_train import losses, run_train
 
 data_dir = test_train.data_dir  # its packed dataset and tokenizer (a fixture: built once for this module too)
@@ -142,7 +143,6 @@ def test_nonfinite_skip_stops_after_too_many_in_a_row(data_dir, tmp_path):
 
 def test_unjoined_cpu_launch_is_refused(data_dir, tmp_path):
     """accelerate launch of 2 CPU processes without ACCELERATE_USE_CPU=1 ran two unsynchronised jobs, exit 0."""
-    import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
@@ -150,7 +150,7 @@ def test_unjoined_cpu_launch_is_refused(data_dir, tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu_2proc.yaml",
            "train.py", "--model", "tiny-llama", "--tokenizer", str(data_dir / "tokenizer"), "--dataset", str(data_dir),
            "--output-dir", str(tmp_path / "out"), "--seq-length", "256", "--dtype", "float32"]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=test_train.ROOT, env=env, timeout=300)
+    res = run_job(cmd, cwd=test_train.ROOT, env=env, timeout=300)
     assert res.returncode != 0 and "set ACCELERATE_USE_CPU=1" in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
@@ -282,7 +282,6 @@ def test_bad_state_is_refused_naming_the_file_and_the_last_good_one(data_dir, tm
 
 def test_eval_ppl_keeps_the_rows_of_models_scored_before_a_missing_one(data_dir, tmp_path):
     """-m GOOD -m MISSING scored GOOD, then died without any CSV: the rows it has are written, one error line."""
-    import subprocess
     import sys
 
     output = tmp_path / "ppl.csv"
@@ -290,7 +289,7 @@ def test_eval_ppl_keeps_the_rows_of_models_scored_before_a_missing_one(data_dir,
            str(data_dir / "tokenizer"), "--dataset", str(data_dir.parent), "--min-tokens", "64", "--max-tokens", "128",
            "--truncate", "--samples", "1", "--output", str(output)]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=test_train.ROOT, env=env, timeout=300)
+    res = run_job(cmd, cwd=test_train.ROOT, env=env, timeout=300)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     line = res.stderr.strip().splitlines()[-1]
     assert line.startswith("error: --model nobody/missing-model: ") and line.endswith(
