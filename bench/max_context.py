@@ -103,11 +103,11 @@ def progress(msg: str) -> None:
 def run_probe(args, seq: int) -> dict:
     import torch
 
-    import easy_context as ec
     from easy_context.host_adamw import HostAdamW
     from easy_context.loss import CausalLMWithLoss
     from easy_context.memory import enable_chunked_rmsnorm, enable_offloaded_checkpointing, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
+    from easy_context.sp_config import SPConfig
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -119,7 +119,7 @@ def run_probe(args, seq: int) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     stored = -(-cfg.num_hidden_layers // args.checkpoint_every)
     k = offloadable_layers(args, seq, n_params, cfg.hidden_size, stored)
-    ec.apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel=args.kernel)  # our interface
+    SPConfig("data_parallel", kernel=args.kernel).attach(model, through_easy_context=True)  # our kernel interface
     enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False,
                                    checkpoint_every=args.checkpoint_every)  # fmt: skip
     enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)

@@ -70,10 +70,10 @@ def compile_layers(model) -> None:
 def build(args, seq: int):
     import torch
 
-    import easy_context as ec
     from easy_context.loss import CausalLMWithLoss
     from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
+    from easy_context.sp_config import SPConfig
 
     dtype = getattr(torch, args.dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -85,7 +85,7 @@ def build(args, seq: int):
         model.set_attn_implementation("sdpa")
         apply_checkpointing(model, "full")
         return model, None, device
-    ec.apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel=args.kernel)  # our interface
+    SPConfig("data_parallel", kernel=args.kernel).attach(model, through_easy_context=True)  # our kernel interface
     apply_checkpointing(model, args.checkpointing)
     if args.tiled_mlp:
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)

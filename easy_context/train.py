@@ -46,6 +46,7 @@ from easy_context.models import PRESETS, is_random_init, load_model, match_speci
 from easy_context.optim import OPTIMIZERS, build_optimizer
 from easy_context.process_exit import run_program
 from easy_context.registry import add_backend_args, option_values, unknown_mode_error
+from easy_context.sp_config import SPConfig, resolve_sp_config
 from easy_context.train_state import (
     CheckpointError,
     DataLayout,
@@ -76,24 +77,23 @@ def main(argv=None) -> None:
                   f"{args.max_train_steps}{until}")  # fmt: skip
         return
     set_seed(args.seed)
-    sp_rank, sp_size = init_sequence_parallel(args.sp_size)
-    opts = backend_options(args)
+    sp = sp_config(args)  # the backend, its options, the kernel and this rank's place: every layout question
 
     # model, data, optimizer
     tokenizer = load_tokenizer_if_needed(args)
-    model = build_model(args, tokenizer, sp_size, opts)
+    model = build_model(args, tokenizer, sp)
     train_model = CausalLMWithLoss(model, impl=args.loss)
     sampler, loader = build_loader(args, tokenizer, model.config.vocab_size, accelerator)
     optimizer, scheduler = build_optimizer_and_schedule(args, accelerator, train_model)
     train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
     ds = accelerator.state.deepspeed_plugin
-    record = record_run(args, accelerator, optimizer, sp_size)
+    record = record_run(args, accelerator, optimizer, sp.sp_size)
     if args.resume_from:
         with exit_on(CheckpointError):
             load_training_state(accelerator, args.resume_from)
-    layout = data_layout(args, accelerator, loader, sp_size, model.config, opts)
+    layout = data_layout(args, sp, loader, model.config)
     consumed, skipped, tokens = continue_from(position, layout, args, accelerator)
-    step_tokens = tokens_per_step(args, accelerator.num_processes, sp_size)
+    step_tokens = tokens_per_step(args, sp)
     metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step,
                             start_tokens=tokens)  # fmt: skip
     long_phase = max(args.step_timeout, 1800)  # the first step (compile, warm-up) and checkpoint saves
@@ -109,8 +109,7 @@ def main(argv=None) -> None:
     for step in bar:
         batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
         consumed += len(batches)
-        shards = [ec.prepare_seq_parallel_inputs(args.parallel_mode, *split_batch(b), sp_rank, sp_size, "cpu", **opts)
-                  for b in batches]  # fmt: skip
+        shards = [sp.shard(*split_batch(b), "cpu") for b in batches]
         # exact token-mean over every micro-batch, rank and DP replica of this optimizer step: one count, on the
         # host (no device sync), all-reduced once
         n_local = sum(int((s["local_target_ids"] != -100).sum()) for s in shards)
@@ -398,15 +397,13 @@ def resume_position(args, process_index: int) -> tuple[int, dict | None]:
     return position["step"], position
 
 
-def data_layout(args, accelerator, loader, sp_size: int, config, opts: dict) -> DataLayout:
+def data_layout(args, sp: SPConfig, loader, config) -> DataLayout:
     """How this run reads its data (what a resumable state records, so that a resume on another layout continues
     from the same global sample)."""
-    distributed = ec.get_seq_algo(args.parallel_mode).distributed
     return DataLayout(
-        data_shards=accelerator.num_processes // sp_size if distributed else accelerator.num_processes,
-        batch_size=args.batch_size, batches_per_epoch=len(loader), dataset_rows=len(loader.dataset),
-        seq_length=args.seq_length, seed=args.seed, model=model_fingerprint(config),
-        world_size=accelerator.num_processes, sp_size=sp_size, parallel_mode=args.parallel_mode, options=opts,
+        data_shards=sp.data_shards, batch_size=args.batch_size, batches_per_epoch=len(loader),
+        dataset_rows=len(loader.dataset), seq_length=args.seq_length, seed=args.seed, model=model_fingerprint(config),
+        world_size=sp.world_size, sp_size=sp.sp_size, parallel_mode=sp.backend, options=dict(sp.options),
         gradient_accumulate_every=args.gradient_accumulate_every,
     )  # fmt: skip
 
@@ -422,18 +419,16 @@ def continue_from(position: dict | None, layout: DataLayout, args, accelerator) 
     if accelerator.is_main_process:
         for note in plan.notes:
             print(f"note: {note}")
-    start = position["step"] * tokens_per_step(args, accelerator.num_processes, layout.sp_size)
+    start = position["step"] * tokens_per_step(args, layout)
     return plan.micro_batches, position["skipped_steps"], start if plan.tokens is None else plan.tokens
 
 
-def init_sequence_parallel(sp_size: int | None) -> tuple[int, int]:
-    """This rank's (index, size) in its SP group; one process gets a process group of one, so SP code runs
-    unchanged."""
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    with exit_on(ValueError, flag=f"--sp-size {sp_size}: "):
-        sp_group, _ = ec.init_sp_groups(sp_size)
-    return torch.distributed.get_rank(sp_group), torch.distributed.get_world_size(sp_group)
+def sp_config(args) -> SPConfig:
+    """The run's SP setup, resolved once (:func:`~easy_context.sp_config.resolve_sp_config`; one process gets a
+    process group of one, so the SP code runs unchanged); a bad flag exits with one line naming it."""
+    options = backend_options(args)
+    with exit_on(ValueError, flag=f"--sp-size {args.sp_size}: "):
+        return resolve_sp_config(args.parallel_mode, sp_size=args.sp_size, kernel=args.kernel, **options)
 
 
 def backend_options(args) -> dict:
@@ -444,11 +439,10 @@ def backend_options(args) -> dict:
         sys.exit(f"error: --{exc}")
 
 
-def check_layout(args, sp_size: int, config, opts: dict) -> None:
+def check_layout(args, sp: SPConfig, config) -> None:
     """Fail fast, with one line, on a layout the backend cannot run (the backend's own layout rule decides)."""
     try:
-        layout = ec.get_seq_algo(args.parallel_mode).model_layout(sp_size, config, **opts).require()
-        layout.check_length(args.seq_length, "--seq-length")
+        sp.check_model(config).check_length(args.seq_length, "--seq-length")
     except ValueError as exc:
         sys.exit(f"error: {exc}")
 
@@ -461,7 +455,7 @@ def load_tokenizer_if_needed(args):
         return load_tokenizer(args.tokenizer or args.model)
 
 
-def build_model(args, tokenizer, sp_size: int, opts: dict):
+def build_model(args, tokenizer, sp: SPConfig):
     """The HF model in training mode, its attention switched to the backend, with the memory options applied."""
     vocab = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
     model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
@@ -469,10 +463,9 @@ def build_model(args, tokenizer, sp_size: int, opts: dict):
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     if tokenizer is not None and is_random_init(args.model):
         match_special_tokens(model, tokenizer)
-    check_layout(args, sp_size, model.config, opts)
+    check_layout(args, sp, model.config)
     # checkpoint-after-attention needs our attention function, also under data parallel
-    ec.apply_seq_parallel_monkey_patch(args.parallel_mode, model, always=args.checkpointing.startswith("attn"),
-                                       kernel=args.kernel, **opts)  # fmt: skip
+    sp.attach(model, through_easy_context=args.checkpointing.startswith("attn") or args.kernel != "auto")
     with exit_on(ValueError):
         apply_checkpointing(model, args.checkpointing, offload_layers=args.offload_layers,
                             checkpoint_every=args.checkpoint_every)  # fmt: skip  # per decoder layer
@@ -539,10 +532,10 @@ def save_state(accelerator, directory: str, step: int, consumed: int, skipped: i
                             config=record)  # fmt: skip
 
 
-def tokens_per_step(args, processes: int, sp_size: int) -> int:
-    """Tokens of one optimizer step over all ranks (an SP group shares its sequences)."""
-    replicas = processes // sp_size if ec.get_seq_algo(args.parallel_mode).distributed else processes
-    return args.batch_size * args.seq_length * args.gradient_accumulate_every * replicas
+def tokens_per_step(args, layout: SPConfig | DataLayout) -> int:
+    """Tokens of one optimizer step over all ranks (an SP group shares its sequences; the ranks reading different
+    samples are the layout's ``data_shards``)."""
+    return args.batch_size * args.seq_length * args.gradient_accumulate_every * layout.data_shards
 
 
 # ---------------------------------------------------------------------------------------------------------------

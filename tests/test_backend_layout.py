@@ -21,6 +21,7 @@ from easy_context.layout import local_rule
 from easy_context.local_attn import local_attention
 from easy_context.plan import ModelShape, Setup, mode_layout, parse_config, parse_size, plan, predict
 from easy_context.seq_algo import OptionFlag, SeqAlgo
+from easy_context.sp_config import SPConfig
 from easy_context.ulysses_attn import kv_replication
 
 
@@ -175,14 +176,16 @@ def test_a_fifth_backend_needs_only_its_registration(toy):
     args = train.parse_args([*base, "--parallel_mode", "toy_attn", "--block", "8", "--seq-length", "12"])
     opts = train.backend_options(args)
     assert opts == {"block": 8}
+    sp = SPConfig("toy_attn", opts, sp_rank=1, sp_size=4)  # what train.sp_config resolves on rank 1 of 4
+    assert (sp.distributed, sp.data_shards, sp.seq_multiple()) == (False, 4, 8)
     config = SimpleNamespace(num_attention_heads=8, num_key_value_heads=2)
     with pytest.raises(SystemExit, match=r"toy_attn: --seq-length 12 is not divisible by 8 .* on 4 ranks with "
                                          r"block=8"):  # fmt: skip
-        train.check_layout(args, 4, config, opts)
+        train.check_layout(args, sp, config)
     args.seq_length = 16
-    train.check_layout(args, 4, config, opts)
+    train.check_layout(args, sp, config)
     with pytest.raises(SystemExit, match="toy_attn: 7 query heads are odd; use zigzag_ring_attn"):
-        train.check_layout(args, 4, SimpleNamespace(num_attention_heads=7), opts)
+        train.check_layout(args, sp, SimpleNamespace(num_attention_heads=7))
     with pytest.raises(SystemExit, match="--ring_degree does not apply to toy_attn"):
         train.backend_options(SimpleNamespace(parallel_mode="toy_attn", ring_degree=2, block=None))
     with pytest.raises(SystemExit, match="--block does not apply to usp_attn"):
@@ -201,7 +204,7 @@ def test_a_fifth_backend_needs_only_its_registration(toy):
     parser = argparse.ArgumentParser()
     add_runtime_args(parser)
     assert registry.option_values(parser.parse_args(["--block", "4"])) == {"ring_degree": None, "block": 4}
-    runtime = EvalRuntime(0, 4, torch.device("cpu"), "toy_attn", {"block": 8})
+    runtime = EvalRuntime(SPConfig("toy_attn", {"block": 8}, sp_rank=0, sp_size=4), torch.device("cpu"))
     assert not runtime.distributed and runtime.my_share(8) == [0, 4]
     check_layout(runtime, SimpleNamespace(num_attention_heads=8, num_key_value_heads=8))
     with pytest.raises(ValueError, match="toy_attn: 7 query heads are odd"):

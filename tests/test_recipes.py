@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from easy_context import recipe
+from easy_context.sp_config import sp_config_for
 from easy_context.train import TRACKERS, backend_options, build_parser, check_layout, check_tracker, parse_args
 from tests.jobs import run_job
 
@@ -206,8 +207,8 @@ def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script)
         args = recipe.parse_args_with_recipe(build_parser(), train_argv)  # no tracker check: wandb needs no install
         assert args.config.startswith("train_scripts/") and args.config.endswith(".yaml") and args.save_every == 50
         heads, kv_heads = HEADS[script]
-        check_layout(args, 8, SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads),
-                     backend_options(args))  # fmt: skip
+        sp = sp_config_for(args.parallel_mode, 8, kernel=args.kernel, **backend_options(args))  # 8 GPUs
+        check_layout(args, sp, SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads))
         stages.append(args)
     if script == "EasyContext-1M-Llama-2-7B.sh":  # EasyContext's 7 stages, each from the previous one's model
         assert [a.seq_length for a in stages] == [32768, 65536, 256000, 256000, 256000, 512000, 512000]

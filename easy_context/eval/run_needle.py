@@ -74,7 +74,7 @@ def main(argv=None) -> None:
         lengths = context_lengths(args.min_context_length, args.max_context_length, args.context_interval)
         depths = depth_percents(args.depth_interval)
         text = read_haystack_text(args.haystack_dir)
-        runtime = init_runtime(args.parallel_mode, **option_values(args))
+        runtime = init_runtime(args.parallel_mode, args.kernel, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
         model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args)
     except (OSError, RuntimeError, ValueError) as exc:

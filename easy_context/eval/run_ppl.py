@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         lengths = ppl_lengths(args.min_tokens, args.max_tokens, args.tokens_step)
-        runtime = init_runtime(args.parallel_mode, **option_values(args))
+        runtime = init_runtime(args.parallel_mode, args.kernel, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model[0]))
         samples = load_samples(args, tokenizer, lengths[-1])
     except (OSError, RuntimeError, ValueError) as exc:

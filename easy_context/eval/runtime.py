@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 import easy_context as ec
 from easy_context.groups import launch_error
-from easy_context.registry import add_backend_args, unknown_mode_error
+from easy_context.registry import add_backend_args
+from easy_context.sp_config import SPConfig, resolve_sp_config
 
 DEFAULT_SP_MODE = "zigzag_ring_attn"
 
@@ -30,19 +31,33 @@ def default_parallel_mode(world_size: int) -> str:
 
 @dataclass
 class EvalRuntime:
-    """This process's place in the eval: rank, world, device and the SP backend with its options."""
+    """This process's place in the eval: its SP setup (backend, options, kernel; the world is one SP group), device
+    and accelerator."""
 
-    rank: int
-    world_size: int
+    sp: SPConfig
     device: torch.device
-    seq_algo: str
-    options: dict[str, Any] = field(default_factory=dict)
     accelerator: Any = None
+
+    @property
+    def rank(self) -> int:
+        return self.sp.sp_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.sp.sp_size
+
+    @property
+    def seq_algo(self) -> str:
+        return self.sp.backend
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.sp.options)
 
     @property
     def distributed(self) -> bool:
         """True when the ranks share each sequence (an SP backend); False for data parallel."""
-        return ec.get_seq_algo(self.seq_algo).distributed
+        return self.sp.distributed
 
     @property
     def is_main(self) -> bool:
@@ -86,24 +101,20 @@ def _make_accelerator():
     return accelerator
 
 
-def init_runtime(parallel_mode: str | None, ring_degree: int | None = None, **options) -> EvalRuntime:
-    """Join (or create) the process group and pick the backend (``None``: :func:`default_parallel_mode`).
+def init_runtime(parallel_mode: str | None, kernel: str = "auto", **options) -> EvalRuntime:
+    """Join (or create) the process group and resolve the SP setup over the world (``parallel_mode`` None:
+    :func:`default_parallel_mode`).
 
-    ``ring_degree`` and ``options``: backend option flags (None: not given), e.g. ``registry.option_values(args)``
-    of the parsed :func:`add_runtime_args`; a flag given to a backend that does not take it raises ``ValueError``."""
+    ``options``: backend option flags (None: not given), e.g. ``registry.option_values(args)`` of the parsed
+    :func:`add_runtime_args`; a flag given to a backend that does not take it raises ``ValueError``."""
     accelerator = _make_accelerator()
-    world, rank = dist.get_world_size(), dist.get_rank()
-    seq_algo = parallel_mode or default_parallel_mode(world)
-    if unknown_mode_error(seq_algo):
-        raise ValueError(unknown_mode_error(seq_algo))
-    ec.init_sp_groups(None)
-    options = ec.get_seq_algo(seq_algo).options_from({"ring_degree": ring_degree, **options})
-    return EvalRuntime(rank, world, accelerator.device, seq_algo, options, accelerator)
+    backend = parallel_mode or default_parallel_mode(dist.get_world_size())
+    return EvalRuntime(resolve_sp_config(backend, kernel=kernel, **options), accelerator.device, accelerator)
 
 
 def check_layout(runtime: EvalRuntime, config) -> None:
     """Raise ValueError, naming the fix, for heads the backend cannot split over the ranks (the backend decides)."""
-    ec.get_seq_algo(runtime.seq_algo).model_layout(runtime.world_size, config, **runtime.options).require()
+    runtime.sp.check_model(config)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -118,7 +129,6 @@ def load_eval_model(
     runtime: EvalRuntime,
     vocab_size: int,
     dtype: torch.dtype,
-    kernel: str = "auto",
     rope_theta: float | None = None,
     seed: int = 0,
 ):
@@ -138,7 +148,7 @@ def load_eval_model(
     model = load_model(name, vocab_size=vocab_size, rope_theta=rope_theta, dtype=dtype, seed=seed)
     model.config.use_cache = False
     check_layout(runtime, model.config)
-    ec.apply_seq_parallel_monkey_patch(runtime.seq_algo, model, kernel=kernel, **runtime.options)
+    runtime.sp.attach(model)  # a named kernel also routes data_parallel through easy_context's kernels
     _install_loss_head(model)
     model.eval()
     accelerator = runtime.accelerator
@@ -207,6 +217,7 @@ def add_runtime_args(parser) -> None:
 
 
 def load_eval_model_from_args(name: str, runtime: EvalRuntime, vocab_size: int, args):
-    """:func:`load_eval_model` with the options :func:`add_runtime_args` defines (dtype, kernel, rope_theta, seed)."""
+    """:func:`load_eval_model` with the options :func:`add_runtime_args` defines (dtype, rope_theta, seed; the kernel
+    is the runtime's)."""
     dtype = resolve_dtype(args.dtype, runtime.device)
-    return load_eval_model(name, runtime, vocab_size, dtype, args.kernel, args.rope_theta, args.seed)
+    return load_eval_model(name, runtime, vocab_size, dtype, args.rope_theta, args.seed)

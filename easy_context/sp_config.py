@@ -1,0 +1,155 @@
+"""One resolved sequence-parallel setup per process: the backend, its options, the kernel and the ranks.
+
+train.py, the evals and the benches build it with one call and ask it every layout question::
+
+    sp = resolve_sp_config("usp_attn", sp_size=4, kernel="auto", ring_degree=None)  # defaults resolved
+    sp.check_model(model.config).check_length(65536)   # the backend's own rules: heads, length multiple
+    sp.attach(model)                                    # the model attends through sp (see attach)
+    shard = sp.shard(input_ids, position_ids, target_ids, "cuda")  # this rank's piece of one batch
+
+Building it joins (or creates) the process group: without one, a 1-process gloo group (a ``HashStore``) so SP code
+runs unchanged on one process; then the DP x SP mesh (:func:`~easy_context.groups.init_sp_groups`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .groups import get_dp_group, get_sp_group, init_sp_groups
+from .kernels import KERNEL_NAMES
+from .layout import Layout
+from .registry import get_seq_algo, unknown_mode_error
+from .seq_algo import SeqAlgo
+
+
+@dataclass(frozen=True)
+class SPConfig:
+    """This process's place in a DP x SP job and the backend it attends with.
+
+    ``backend``: a registered backend name (``zigzag_ring_attn``, ``data_parallel``, ...); ``options``: its options
+    with defaults resolved (``{"ring_degree": 2}`` for usp_attn); ``kernel``: the local attention kernel
+    (``"auto"``: the first that works on the device); ``sp_rank`` / ``sp_size``: this rank in its sequence group;
+    ``dp_rank`` / ``dp_size``: its sequence group among the replicas (``sp_size * dp_size == world_size``).
+    """
+
+    backend: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    kernel: str = "auto"
+    sp_rank: int = 0
+    sp_size: int = 1
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    @property
+    def algo(self) -> SeqAlgo:
+        return get_seq_algo(self.backend)
+
+    @property
+    def world_size(self) -> int:
+        return self.sp_size * self.dp_size
+
+    @property
+    def distributed(self) -> bool:
+        """True when the ranks of an SP group share each sequence; False for ``data_parallel``."""
+        return self.algo.distributed
+
+    @property
+    def data_shards(self) -> int:
+        """How many ranks read different samples: the replicas under SP, every rank under data parallel."""
+        return self.dp_size if self.distributed else self.world_size
+
+    @property
+    def data_rank(self) -> int:
+        """Which of the :attr:`data_shards` this rank reads."""
+        return self.dp_rank if self.distributed else self.dp_rank * self.sp_size + self.sp_rank
+
+    def layout(self, heads: int, kv_heads: int | None = None) -> Layout:
+        """The backend's layout for ``heads`` query / ``kv_heads`` K/V heads over the SP group (not checked)."""
+        return self.algo.layout(self.sp_size, heads, kv_heads, **self.options)
+
+    def check_model(self, config: Any) -> Layout:
+        """The layout for a transformers model ``config``, or ``ValueError`` naming why it cannot run here."""
+        return self.algo.model_layout(self.sp_size, config, **self.options).require()
+
+    def seq_multiple(self) -> int:
+        """The number a full sequence length must divide by on this SP group."""
+        return self.algo.seq_multiple(self.sp_size, **self.options)
+
+    def shard(self, input_ids: torch.Tensor, position_ids: torch.Tensor, target_ids: torch.Tensor,
+              device: torch.device | str) -> dict[str, torch.Tensor]:  # fmt: skip
+        """This rank's ``local_input_ids`` / ``local_position_ids`` / ``local_target_ids`` of full ``(batch, seq)``
+        tensors (:func:`easy_context.prepare_seq_parallel_inputs`)."""
+        from .inputs import prepare_seq_parallel_inputs
+
+        return prepare_seq_parallel_inputs(self.backend, input_ids, position_ids, target_ids, self.sp_rank,
+                                           self.sp_size, device, **self.options)  # fmt: skip
+
+    def attach(self, model: Any, *, through_easy_context: bool | None = None) -> Any:
+        """Make a transformers ``model`` attend with this backend and kernel; returns it.
+
+        A distributed backend always replaces the model's attention. Under ``data_parallel`` the model keeps its
+        own attention unless ``through_easy_context`` (None: only when a kernel other than ``"auto"`` is named):
+        checkpoint-after-attention and the benches need easy_context's kernel interface there.
+        """
+        from .hf import apply_seq_parallel_monkey_patch
+
+        if through_easy_context is None:
+            through_easy_context = self.kernel != "auto"
+        return apply_seq_parallel_monkey_patch(self.backend, model, always=through_easy_context, kernel=self.kernel,
+                                               **self.options)  # fmt: skip
+
+    def attn_func(self):
+        """The backend's attention function on local shards, ``(batch, seq_local, heads, head_dim)`` in and out."""
+        return self.algo.attn_func(kernel=self.kernel, **self.options)
+
+
+def _options(backend: str, kernel: str, option_values: dict[str, Any]) -> dict[str, Any]:
+    """``backend``'s options from ``option_values`` (defaults not yet resolved); ``ValueError`` for an unknown
+    backend or kernel, or a value given for an option the backend does not take."""
+    error = unknown_mode_error(backend)
+    if error:
+        raise ValueError(error)
+    if kernel not in KERNEL_NAMES:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {KERNEL_NAMES}")
+    return get_seq_algo(backend).options_from(option_values)
+
+
+def sp_config_for(backend: str, sp_size: int, *, kernel: str = "auto", sp_rank: int = 0, dp_rank: int = 0,
+                  dp_size: int = 1, **option_values: Any) -> SPConfig:  # fmt: skip
+    """The :class:`SPConfig` of ``backend`` on SP groups of ``sp_size`` ranks, without touching process groups (for
+    planning, checks and tests; :func:`resolve_sp_config` joins the real ones). ``option_values``: backend option
+    flags, None when not given; defaults are resolved for ``sp_size`` (usp_attn's ``ring_degree``). ``ValueError``
+    for an unknown backend or kernel, an option the backend does not take, or options ``sp_size`` rules out."""
+    algo = get_seq_algo(backend)
+    options = _options(backend, kernel, option_values)
+    # heads that every split allows, so that only the options decide here (a model's heads: SPConfig.check_model)
+    layout = algo.layout(sp_size, sp_size, sp_size, **options)
+    if layout.infeasible:
+        raise ValueError(f"{layout.infeasible} ({sp_size} ranks per sequence)")
+    return SPConfig(backend, dict(layout.options), kernel, sp_rank, sp_size, dp_rank, dp_size)
+
+
+def resolve_sp_config(backend: str, *, sp_size: int | None = None, kernel: str = "auto",
+                      **option_values: Any) -> SPConfig:  # fmt: skip
+    """Join or create the process group and the DP x SP mesh, and resolve ``backend``'s options
+    (:func:`sp_config_for` on this rank's groups).
+
+    ``sp_size``: ranks per sequence group (None: the world; ``data_parallel`` ignores the mesh for its data but
+    keeps it); ``option_values``: backend option flags, None when not given (e.g. ``ring_degree=None``). Bad input
+    (see :func:`sp_config_for`, and an ``sp_size`` that does not divide the world) raises ``ValueError``; what can be
+    checked without a process group is checked before one is created.
+    """
+    _options(backend, kernel, option_values)  # the names of the backend, kernel and options, before any group
+    if not dist.is_initialized():  # one process: a process group of one, so the SP code runs unchanged
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    init_sp_groups(sp_size)
+    sp_group, dp_group = get_sp_group(), get_dp_group()
+    return sp_config_for(backend, dist.get_world_size(sp_group), kernel=kernel, sp_rank=dist.get_rank(sp_group),
+                         dp_rank=0 if dp_group is None else dist.get_rank(dp_group),
+                         dp_size=1 if dp_group is None else dist.get_world_size(dp_group),
+                         **option_values)  # fmt: skip
