@@ -9,25 +9,9 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from .plan import ALIASES, BUILTIN_MODELS
+from .plan.shapes import ALIASES, BUILTIN_MODELS, PRESETS  # every model shape, in one place
 
 SHAPE_PREFIX = "shape:"
-
-# name -> (model_type, config overrides); vocab_size comes from the tokenizer
-PRESETS: dict[str, tuple[str, dict]] = {
-    "tiny-llama": ("llama", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=2)),
-    # the same with tied input/output embeddings: the demo's base model (tied, a tiny model learns to copy a
-    # retrieved token far sooner: measured in docs/benchmarks.md, issue 13)
-    "tiny-llama-tied": ("llama", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
-    "tiny-mistral": ("mistral", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                                     num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
-    "tiny-qwen2": ("qwen2", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=2)),
-    "tiny-qwen3": ("qwen3", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=32)),
-}  # fmt: skip
 
 
 def is_random_init(name: str) -> bool:

@@ -1,0 +1,7 @@
+"""``python -m easy_context.plan``: :func:`easy_context.plan.cli.main`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
