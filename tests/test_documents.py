@@ -519,15 +519,18 @@ def test_train_with_packed_documents(packed_dirs, tmp_path):
     own document masking), and differs from the same rows packed without documents."""
     from tests.test_train import losses, run_train
 
-    def train(data, out, mode, procs):
+    def train(data, out, mode, procs, *extra):
         data_dir = packed_dirs[data]
-        return run_train(data_dir, out, "--parallel_mode", mode, "--checkpointing", "none", procs=procs, steps=2)
+        return run_train(data_dir, out, "--parallel_mode", mode, "--checkpointing", "none", *extra, procs=procs,
+                         steps=2)  # fmt: skip
 
     train("documents", tmp_path / "dp", "data_parallel", 1)
     train("documents", tmp_path / "zz", "zigzag_ring_attn", 2)
+    train("documents", tmp_path / "zz_bal", "zigzag_ring_attn", 2, "--balance-documents")  # documents reordered
     train("concat", tmp_path / "concat", "data_parallel", 1)
     ref = losses(tmp_path / "dp")
     assert losses(tmp_path / "zz") == pytest.approx(ref, rel=1e-4)
+    assert losses(tmp_path / "zz_bal") == pytest.approx(ref, rel=1e-4)  # exact: the same loss
     assert abs(losses(tmp_path / "concat")[0] - ref[0]) > 1e-3
 
 
