@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 RUN_CONFIG = "run_config.json"
-# flags a resumed run must keep: the weights, the data rows and the shard layout of the saved state depend on them
-RESUME_FIXED = ("model", "seq_length", "parallel_mode")
+# flags a resumed run must keep: the weights and the data rows of the saved state depend on them. The backend
+# (--parallel_mode, --sp-size) and the process count may change: the state's data position is mapped onto the new
+# layout (train_state.resume_plan)
+RESUME_FIXED = ("model", "seq_length")
 VERSIONED = ("torch", "transformers", "accelerate", "deepspeed", "easy_context")
 
 
@@ -246,14 +248,14 @@ def _same(key: str, old: Any, new: Any) -> bool:
 
 
 def resume_mismatch(args: argparse.Namespace, state_dir: str | Path) -> str | None:
-    """Why ``args`` may not resume ``state_dir`` (it changes --model, --seq-length or --parallel_mode from the
-    recorded run), naming both values; None when they agree or nothing was recorded."""
+    """Why ``args`` may not resume ``state_dir`` (it changes --model or --seq-length from the recorded run), naming
+    both values; None when they agree or nothing was recorded."""
     found = recorded_run(state_dir)
     if found is None:
         return None
     path, record = found
     changed = [
-        f"--{key.replace('_', '-') if key != 'parallel_mode' else key} {record['args'][key]} -> {getattr(args, key)}"
+        f"--{key.replace('_', '-')} {record['args'][key]} -> {getattr(args, key)}"
         for key in RESUME_FIXED
         if key in record["args"] and not _same(key, record["args"][key], getattr(args, key, None))
     ]

@@ -131,7 +131,7 @@ def test_unreadable_recipes(tmp_path, capsys):
     assert parse_args(["--conf", write_recipe(tmp_path, TINY)]).seq_length == 64  # an abbreviation reads it too
 
 
-def test_resume_refuses_another_model_length_or_layout(tmp_path):
+def test_resume_refuses_another_model_or_length(tmp_path):
     out = tmp_path / "out"
     state = out / "state-step4"
     state.mkdir(parents=True)
@@ -141,9 +141,7 @@ def test_resume_refuses_another_model_length_or_layout(tmp_path):
     assert recipe.resume_mismatch(parse_args(["--config", config, "--learning-rate", "1"]), state) is None
     changed = parse_args(["--config", config, "--model", "tiny-mistral", "--parallel_mode", "ulysses_attn"])
     message = recipe.resume_mismatch(changed, state)
-    assert "--model tiny-llama -> tiny-mistral" in message and "--parallel_mode zigzag_ring_attn -> ulysses_attn" in (
-        message
-    )
+    assert "--model tiny-llama -> tiny-mistral" in message and "parallel_mode" not in message  # a backend may change
     assert "--seq-length" not in message and str(out / "run_config.json") in message
 
 

@@ -311,3 +311,16 @@ def test_resume_on_fewer_processes_continues_from_the_same_sample(data_dir, tmp_
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["tokens"] for r in rows] == [2048, 4096, 4096 + 1024, 4096 + 2048], res.stdout
+
+
+def test_resume_under_another_backend_continues_from_the_same_sample(data_dir, tmp_path):
+    """data_parallel on 2 processes (2 data shards) resumed under 2-rank zigzag (1 shard: both ranks share each
+    sample): the position maps onto the new layout and the tokens metric continues from the state's count."""
+    out = tmp_path / "run"
+    run_train(data_dir, out, *FAST, "--parallel_mode", "data_parallel", "--save-every", "2", procs=2, steps=4)
+    res = run_train(data_dir, out, *FAST, "--parallel_mode", "zigzag_ring_attn", "--resume-from",
+                    str(out / "state-step2"), procs=2, steps=4)  # fmt: skip
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["tokens"] for r in rows] == [2048, 4096, 4096 + 1024, 4096 + 2048], res.stdout
+    assert all(math.isfinite(r["loss"]) for r in rows)
