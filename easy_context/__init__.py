@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from . import registry, usp_attn
+from . import _moved, usp_attn
 from .compat import (  # EasyContext's per-backend names
     apply_dist_flash_attn_monkey_patch_llama,
     apply_ulysses_attn_monkey_patch_llama,
@@ -26,15 +26,18 @@ from .compat import (  # EasyContext's per-backend names
     prepare_usp_attn_inputs,
     prepare_zigzag_ring_attn_inputs,
 )
-from .dataloader import prepare_dataloader
-from .documents import Documents, find_documents
-from .groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
-from .inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
+from .core import registry
+from .core.documents import Documents, find_documents
+from .core.groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
+from .core.inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
+from .core.padding import pad_to_multiple
+from .core.registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
 from .kernels import KERNEL_NAMES, get_kernel
-from .padding import pad_to_multiple
-from .registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
+from .training.dataloader import prepare_dataloader
 from .usp_attn import monkey_patch as _usp_monkey_patch
 from .usp_attn import prepare_inputs as _usp_prepare_inputs
+
+_moved.install()  # easy_context.groups, easy_context.process_exit, ...: the modules now in core/ and training/
 
 # EasyContext's USP package was ``easy_context.usp``: its module paths name ours
 sys.modules[f"{__name__}.usp"] = usp_attn

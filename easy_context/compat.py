@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .inputs import prepare_seq_parallel_inputs
+from .core.inputs import prepare_seq_parallel_inputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

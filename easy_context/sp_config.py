@@ -8,7 +8,7 @@ train.py, the evals and the benches build it with one call and ask it every layo
     shard = sp.shard(input_ids, position_ids, target_ids, "cuda")  # this rank's piece of one batch
 
 Building it joins (or creates) the process group: without one, a 1-process gloo group (a ``HashStore``) so SP code
-runs unchanged on one process; then the DP x SP mesh (:func:`~easy_context.groups.init_sp_groups`).
+runs unchanged on one process; then the DP x SP mesh (:func:`~easy_context.core.groups.init_sp_groups`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .groups import get_dp_group, get_sp_group, init_sp_groups
+from .core.groups import get_dp_group, get_sp_group, init_sp_groups
+from .core.layout import Layout
+from .core.registry import get_seq_algo, unknown_mode_error
+from .core.seq_algo import SeqAlgo
 from .kernels import KERNEL_NAMES
-from .layout import Layout
-from .registry import get_seq_algo, unknown_mode_error
-from .seq_algo import SeqAlgo
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class SPConfig:
               device: torch.device | str) -> dict[str, torch.Tensor]:  # fmt: skip
         """This rank's ``local_input_ids`` / ``local_position_ids`` / ``local_target_ids`` of full ``(batch, seq)``
         tensors (:func:`easy_context.prepare_seq_parallel_inputs`)."""
-        from .inputs import prepare_seq_parallel_inputs
+        from .core.inputs import prepare_seq_parallel_inputs
 
         return prepare_seq_parallel_inputs(self.backend, input_ids, position_ids, target_ids, self.sp_rank,
                                            self.sp_size, device, **self.options)  # fmt: skip

@@ -30,10 +30,10 @@ from transformers import get_scheduler
 
 import easy_context as ec
 from easy_context import cli, launch_configs, recipe
+from easy_context.core.document_order import balance_documents
+from easy_context.core.groups import collective_timeout, launch_error
+from easy_context.core.registry import add_backend_args, option_values, unknown_mode_error
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
-from easy_context.deepspeed_precision import deepspeed_precision_error
-from easy_context.document_order import balance_documents
-from easy_context.groups import collective_timeout, launch_error
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
     CausalLMWithLoss,
@@ -42,13 +42,13 @@ from easy_context.loss import (
     global_mean_loss,
 )
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
-from easy_context.metrics import MetricsLogger
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
-from easy_context.optim import OPTIMIZERS, build_optimizer
-from easy_context.process_exit import run_program
-from easy_context.registry import add_backend_args, option_values, unknown_mode_error
 from easy_context.sp_config import SPConfig, resolve_sp_config
-from easy_context.train_state import (
+from easy_context.training.deepspeed_precision import deepspeed_precision_error
+from easy_context.training.metrics import MetricsLogger
+from easy_context.training.optim import OPTIMIZERS, build_optimizer
+from easy_context.training.process_exit import run_program
+from easy_context.training.train_state import (
     CheckpointError,
     DataLayout,
     EpochShuffleSampler,
@@ -60,7 +60,7 @@ from easy_context.train_state import (
     save_hf_checkpoint,
     save_training_state,
 )
-from easy_context.watchdog import Watchdog
+from easy_context.training.watchdog import Watchdog
 
 TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate knows ("all": those installed)
 
@@ -415,7 +415,7 @@ def data_layout(args, sp: SPConfig, loader, config) -> DataLayout:
 
 def continue_from(position: dict | None, layout: DataLayout, args, accelerator) -> tuple[int, int, int]:
     """(micro-batches consumed, skipped steps, tokens trained) to continue from: zeros for a new run; a resumed
-    state's, mapped onto this layout (:func:`~easy_context.train_state.resume_plan`: the same global sample, none
+    state's, mapped onto this layout (``train_state.resume_plan``: the same global sample, none
     trained twice; a changed seq length, seed, dataset or model is refused)."""
     if position is None:
         return 0, 0, 0
@@ -575,7 +575,7 @@ def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
 
 def host_batch(batch, sp: SPConfig, balance: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """:func:`split_batch`; with ``balance`` the whole documents of each row reordered so that ``sp``'s ring steps
-    get even work (:func:`~easy_context.document_order.balance_documents`: every rank computes the same order)."""
+    get even work (:func:`~easy_context.core.document_order.balance_documents`: every rank computes the same order)."""
     parts = split_batch(batch)
     if balance and parts[1] is not None:
         parts = balance_documents(*parts, sp.backend, sp.sp_size, **sp.options)

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import easy_context as ec
+from easy_context.training import dataloader
 from tests.dist_pool import RemoteError
 
 
@@ -46,7 +47,7 @@ def mismatch_worker(rank, world):
     try:
         ec.init_sp_groups()
         loader = DataLoader(torch.full((4, 2), rank), batch_size=2)  # rank-dependent: wrong for SP
-        list(ec.dataloader._SameBatchCheck(loader))
+        list(dataloader._SameBatchCheck(loader))
     finally:
         ec.reset_groups()
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 import easy_context as ec
-from easy_context.attn_checkpoint import checkpoint_after_attention
+from easy_context.core.attn_checkpoint import checkpoint_after_attention
 from easy_context.dist_flash_attn import contiguous_shard
 from easy_context.dist_flash_attn.schedule import (
     build_schedule,

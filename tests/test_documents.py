@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
-from easy_context.blockwise import Block, ForwardAccumulator
-from easy_context.documents import (
+from easy_context.core.blockwise import Block, ForwardAccumulator
+from easy_context.core.documents import (
     Documents,
     Span,
     block_cost,
@@ -188,7 +188,7 @@ def test_accumulator_merges_rows_without_keys_without_nan():
 
 
 def test_checkpoint_replay_checks_the_documents():
-    from easy_context.attn_checkpoint import AttnCache, forward_or_replay
+    from easy_context.core.attn_checkpoint import AttnCache, forward_or_replay
 
     q = torch.zeros(1, 2, 1, 1)
     record, replay = AttnCache().contexts()

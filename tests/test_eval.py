@@ -203,8 +203,8 @@ def test_deepspeed_launch_precision_must_match_the_model_dtype():
     import pytest
     import torch
 
-    from easy_context.deepspeed_precision import deepspeed_precision_error
     from easy_context.eval.runtime import load_eval_model
+    from easy_context.training.deepspeed_precision import deepspeed_precision_error
 
     def launch(mixed, deepspeed=True):
         return SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=object() if deepspeed else None),

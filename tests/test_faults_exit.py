@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from easy_context import train_state
+from easy_context.training import train_state
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]

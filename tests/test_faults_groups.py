@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from easy_context import groups
+from easy_context.core import groups
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ JOB = """
 import datetime, json, sys, time
 import torch, torch.distributed as dist
 import easy_context as ec
-from easy_context import blockwise, groups
+from easy_context.core import blockwise, groups
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
 rank = dist.get_rank()

@@ -18,7 +18,7 @@ import torch
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 
-from easy_context.train_state import (
+from easy_context.training.train_state import (
     CheckpointError,
     DataLayout,
     EpochShuffleSampler,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from easy_context.watchdog import BACKSTOP_EXIT_CODE, EXIT_CODE, Watchdog
+from easy_context.training.watchdog import BACKSTOP_EXIT_CODE, EXIT_CODE, Watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOOP = """
 import datetime, os, signal, sys, time
 import torch, torch.distributed as dist
-from easy_context.watchdog import Watchdog
+from easy_context.training.watchdog import Watchdog
 
 mode, timeout, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
@@ -203,7 +203,7 @@ def test_a_hang_that_holds_the_gil_is_ended_by_the_c_timer():
     """A C call that never releases the GIL (as gloo's group destructor in its teardown deadlock, which hung
     train.py's exit in 1 of 21 runs and a CI run for 90 minutes) stops the watchdog's Python threads; the C timer
     armed with each beat still dumps every stack and ends the process."""
-    code = ("import ctypes\nfrom easy_context.watchdog import Watchdog\n"
+    code = ("import ctypes\nfrom easy_context.training.watchdog import Watchdog\n"
             "wd = Watchdog(0.5, rank=0, store=False, backstop_s=1.0).start()\nwd.beat(3)\n"
             "ctypes.PyDLL(None).sleep(60)  # libc sleep(3) called with the GIL held\n")  # fmt: skip
     start = time.monotonic()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from easy_context.host_adamw import HostAdamW
+from easy_context.training.host_adamw import HostAdamW
 
 
 def _params(dtype: torch.dtype) -> list[torch.nn.Parameter]:
@@ -90,7 +90,7 @@ def test_build_optimizer_refuses_host_adamw_with_several_processes() -> None:
 
     import pytest
 
-    from easy_context.optim import build_optimizer
+    from easy_context.training.optim import build_optimizer
 
     acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None), num_processes=2)
     with pytest.raises(ValueError, match="ZeRO-3"):
@@ -104,7 +104,7 @@ def test_bad_settings_and_inputs_raise() -> None:
 
     import pytest
 
-    from easy_context.optim import build_optimizer
+    from easy_context.training.optim import build_optimizer
 
     with pytest.raises(ValueError, match="invalid HostAdamW"):
         HostAdamW(_params(torch.float32), lr=-1.0)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import easy_context.kernels as kernels
-from easy_context.blockwise import ForwardAccumulator, backward_blocks, forward_blocks
+from easy_context.core.blockwise import ForwardAccumulator, backward_blocks, forward_blocks
 from easy_context.kernels import KERNELS, get_kernel, kernel_works, kernels_supporting
 from easy_context.kernels import fa4 as fa4mod
 from easy_context.kernels.base import allowed_keys

@@ -106,7 +106,7 @@ def test_wheel_holds_the_scripts_configs_and_requirements(wheel):
         (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         entry_points = z.read(entry).decode()
         sources = {n: z.read(n).decode() for n in names if n.endswith(".py")}
-    for path in ["easy_context/train.py", "easy_context/recipe.py", "easy_context/launch_configs.py",
+    for path in ["easy_context/train.py", "easy_context/training/recipe.py", "easy_context/launch_configs.py",
                  "easy_context/eval/run_needle.py", "easy_context/eval/run_ppl.py", "easy_context/eval/run_plot.py",
                  "easy_context/accelerate_configs/single_node.yaml", "easy_context/accelerate_configs/cpu_2proc.yaml",
                  "easy_context/accelerate_configs/zero3_offload.json"]:  # fmt: skip

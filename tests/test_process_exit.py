@@ -1,4 +1,4 @@
-"""easy_context.process_exit: 2-rank gloo scripts that end right after a collective exit cleanly.
+"""easy_context.training.process_exit: 2-rank gloo scripts that end right after a collective exit cleanly.
 
 A reference to the world group held past destroy_process_group (HOLD=1) made this very script abort with SIGABRT
 ("terminate called without an active exception") in 4 of 16 runs when it ended with destroy_process_group and a
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = r"""
 import atexit, os, sys
 import torch, torch.distributed as dist
-from easy_context.groups import get_sp_group, init_sp_groups
-from easy_context.process_exit import exit_process
+from easy_context.core.groups import get_sp_group, init_sp_groups
+from easy_context.training.process_exit import exit_process
 
 dist.init_process_group("gloo")
 init_sp_groups()  # SP over the world: the library must not keep the world group alive

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from easy_context import recipe
 from easy_context.sp_config import sp_config_for
 from easy_context.train import TRACKERS, backend_options, build_parser, check_layout, check_tracker, parse_args
+from easy_context.training import recipe
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]

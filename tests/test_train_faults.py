@@ -174,7 +174,7 @@ def test_tokens_per_second_counts_every_step_since_the_last_row(tmp_path, monkey
 
     from transformers import LlamaConfig
 
-    from easy_context import metrics
+    from easy_context.training import metrics
 
     clock = iter([0.0, 10.0, 15.0])
     monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
@@ -217,7 +217,7 @@ def leftovers(out: Path) -> list[str]:
 def test_disk_full_while_saving_two_processes(data_dir, tmp_path, monkeypatch):
     """A full disk while state-step4 is written: both ranks stop with one line naming the file and the last good
     state (no hang, no traceback, no half-written state-step4 or temp files); that state resumes."""
-    from easy_context.train_state import check_training_state
+    from easy_context.training.train_state import check_training_state
 
     out = tmp_path / "run"
     res = run_injected(DISK_FULL_AT_STEP_4, data_dir, out, monkeypatch, *FAST, "--save-every", "2", procs=2, steps=6,

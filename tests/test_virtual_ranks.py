@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import easy_context as ec
+from easy_context.core.lse_merge import merge_into_
 from easy_context.kernels import KERNELS, get_kernel
-from easy_context.lse_merge import merge_into_
 from easy_context.zigzag_ring_attn import zigzag_shard, zigzag_unshard
 from easy_context.zigzag_ring_attn.simulate import virtual_backward, virtual_forward
 from tests.reference import reference_with_grads, rel_err

@@ -1,7 +1,7 @@
 """DistFlashAttn backend (LightSeq, Li et al. 2023): contiguous shards, helper ranks balance causal work."""
 
-from ..layout import ring_rule
-from ..seq_algo import SeqAlgo
+from ..core.layout import ring_rule
+from ..core.seq_algo import SeqAlgo
 from .attention import dist_backward, dist_flash_attention, dist_forward
 from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_spans, contiguous_unshard
 from .schedule import Task, build_schedule, rank_kernel_calls, rank_work

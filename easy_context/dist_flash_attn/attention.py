@@ -13,7 +13,7 @@ K/V returns the fp32 partial dK/dV. Only K/V heads travel (GQA). A half task (ev
 moves and merges only its query rows (``task_rows``). Document masking: each task's block splits into one sub-block
 per shared document (``task_document_blocks``); a helper's partial rows that share no document with its K/V
 come back as (0, -inf) and merge without NaN. Messages are unchanged (every rank runs the same rounds). A sliding
-window cuts the blocks the same way (:mod:`easy_context.windows`): a task beyond it makes no kernel call.
+window cuts the blocks the same way (:mod:`easy_context.core.windows`): a task beyond it makes no kernel call.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..comm import PendingExchange
-from ..distributed_attn import distributed_attention
-from ..documents import Documents
+from ..core.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from ..core.distributed_attn import distributed_attention
+from ..core.documents import Documents
 from ..kernels import AttnKernel
 from .schedule import Message, Task, build_schedule, comm_rounds, rank_task, task_document_blocks, task_rows
 
@@ -230,9 +230,9 @@ def dist_flash_attention(
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim): rank r's contiguous chunk r
     (``extract_local('dist_flash_attn', ...)``, equal lengths on all ranks); returns q-shaped output.
-    Inside a :func:`easy_context.attn_checkpoint.checkpoint_after_attention` layer the recompute reuses
+    Inside a :func:`easy_context.core.attn_checkpoint.checkpoint_after_attention` layer the recompute reuses
     the forward's output instead of running attention again. ``documents``: document masking
-    (:mod:`easy_context.documents`); ``window``: causal sliding window; ``sinks`` (heads,): attention sinks
+    (:mod:`easy_context.core.documents`); ``window``: causal sliding window; ``sinks`` (heads,): attention sinks
     (docs/attention_variants.md).
     """
     return distributed_attention(NAME, dist_forward, dist_backward, q, k, v, kernel, scale, causal, group, documents,

@@ -27,8 +27,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..blockwise import Block
-from ..documents import Documents, Span, split_blocks
+from ..core.blockwise import Block
+from ..core.documents import Documents, Span, split_blocks
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..documents import Documents
+from ..core.documents import Documents
 from ..kernels import AttnKernel
 from .attention import BackwardRank, ForwardRank
 from .schedule import build_schedule, comm_rounds

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from easy_context import cli
+from easy_context.core.registry import option_values
 from easy_context.data import load_tokenizer
 from easy_context.eval.haystack import Haystack, read_haystack_text
 from easy_context.eval.needle import context_lengths, depth_percents, make_case
@@ -32,8 +33,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.models import PRESETS, missing_local_path
-from easy_context.process_exit import run_program
-from easy_context.registry import option_values
+from easy_context.training.process_exit import run_program
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from easy_context import cli
+from easy_context.core.registry import option_values
 from easy_context.data import load_documents, load_tokenizer
 from easy_context.eval.haystack import FETCH_HINT
 from easy_context.eval.perplexity import perplexity_at, ppl_lengths, select_documents, tokenize_documents
@@ -30,8 +31,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.loss import CausalLMWithLoss
 from easy_context.models import PRESETS, missing_local_path
-from easy_context.process_exit import run_program
-from easy_context.registry import option_values
+from easy_context.training.process_exit import run_program
 
 DEFAULT_DATASET = "PaulGrahamEssays"
 

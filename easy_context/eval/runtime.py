@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
-from easy_context.groups import launch_error
-from easy_context.registry import add_backend_args
+from easy_context.core.groups import launch_error
+from easy_context.core.registry import add_backend_args
 from easy_context.sp_config import SPConfig, resolve_sp_config
 
 DEFAULT_SP_MODE = "zigzag_ring_attn"
@@ -139,8 +139,8 @@ def load_eval_model(
     targets, the loss with them), so ``CausalLMWithLoss(model)`` wraps it as is. Under an accelerate DeepSpeed
     config the model is prepared by accelerate (ZeRO-3 parameter sharding for models that do not fit one device).
     """
-    from ..deepspeed_precision import deepspeed_precision_error
     from ..models import load_model
+    from ..training.deepspeed_precision import deepspeed_precision_error
 
     error = deepspeed_precision_error(runtime.accelerator, dtype)  # ZeRO-3 would build the model in another dtype
     if error:

@@ -11,7 +11,7 @@ Attention variants (docs/attention_variants.md) come from the kwargs transformer
 Gemma 2/3 and gpt-oss; None on full-attention layers) and ``s_aux`` (gpt-oss' ``module.sinks``, one logit per
 head); every backend computes them exactly, forward and backward.
 
-Packed documents follow transformers' rule (:mod:`easy_context.documents`): ``position_ids`` that do not increase
+Packed documents follow transformers' rule (:mod:`easy_context.core.documents`): ``position_ids`` that do not increase
 by one inside a row start a new document, and attention stays inside each document. ``position_ids`` here is this
 rank's shard; the documents of the full sequence come from one all-gather per forward (cached on the tensor, which
 every layer receives). Flash-attention's ``cu_seq_lens_q``/``cu_seq_lens_k`` (transformers'
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
-from ..groups import get_sp_group
-from ..registry import get_attn_func, get_seq_algo
+from ..core.documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
+from ..core.groups import get_sp_group
+from ..core.registry import get_attn_func, get_seq_algo
 
 
 def _full_length(seq_algo: str, local_len: int) -> int:

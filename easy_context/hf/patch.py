@@ -21,8 +21,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..documents import local_documents
-from ..registry import get_seq_algo
+from ..core.documents import local_documents
+from ..core.registry import get_seq_algo
 from .attention import make_hf_attention
 
 _TYPE_PATCHES: dict[str, tuple[str, dict[str, Any]]] = {}

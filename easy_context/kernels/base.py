@@ -15,9 +15,9 @@ Variants (docs/attention_variants.md). A kernel declares the ones it computes in
   the softmax; the LSE is of the capped scores. Bound to the kernel once per call (:meth:`AttnKernel.with_softcap`).
 * ``"band"``: a per-block band ``(lo, hi)``: query row i of the block sees key row j only when
   ``lo <= i - j <= hi`` (block-local rows; how a sliding window reaches the blocks it cuts,
-  :mod:`easy_context.windows`). Every query row of a band block has at least one key.
+  :mod:`easy_context.core.windows`). Every query row of a band block has at least one key.
 
-Attention sinks need no kernel support: they enter once, in the merge (:func:`easy_context.lse_merge.merge_sinks`).
+Attention sinks need no kernel support: they enter once, in the merge (:func:`easy_context.core.lse_merge.merge_sinks`).
 A kernel asked for a variant it does not compute raises :class:`VariantError` naming the kernels that do.
 The backward receives the *final* (possibly merged) ``out`` and ``lse`` of the query rows, which is what
 makes block-wise backward of ring schedules exact.
@@ -173,7 +173,7 @@ def check_shapes(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, v_dim_may_differ: bool = False
 ) -> None:
     """Raise a clear error for inputs no kernel can take (``v_dim_may_differ``: V's head dim may differ from Q/K's,
-    for callers that pad them to one, see :func:`easy_context.seq_algo.equal_head_dims`)."""
+    for callers that pad them to one, see :func:`easy_context.core.seq_algo.equal_head_dims`)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention expects (batch, seq, heads, head_dim) tensors, got q{tuple(q.shape)} "

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..attn_checkpoint import AttnCache
+from ..core.attn_checkpoint import AttnCache
 from .strided_checkpoint import LayerGroups, strided_checkpoint
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -148,7 +148,7 @@ def enable_offloaded_checkpointing(
 
     ``offload=False`` gives plain non-reentrant checkpointing through the same code path. With
     ``replay_attention`` the recompute does not re-run attention (checkpoint-after-attention, see
-    :mod:`easy_context.attn_checkpoint`): each layer keeps its attention output (b, s_local, heads, head_dim) and
+    :mod:`easy_context.core.attn_checkpoint`): each layer keeps its attention output (b, s_local, heads, head_dim) and
     fp32 lse on the device, and the backward skips one attention forward per layer. As with HF's own
     checkpointing, layers are checkpointed only in training mode (``model.train()``) with grad enabled, and
     ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.

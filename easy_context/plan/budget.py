@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .. import registry
-from ..layout import Layout
+from ..core import registry
+from ..core.layout import Layout
 from .options import MemOption
 from .shapes import GB, ModelShape
 

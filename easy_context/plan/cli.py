@@ -7,8 +7,8 @@ import math
 import sys
 from dataclasses import asdict
 
-from .. import registry
 from ..cli import ArgumentParser
+from ..core import registry
 from .budget import LOSS_CHUNK, NORMS, OPTIMS, Setup, mode_layout
 from .options import OPTION_BY_NAME, OPTIONS, parse_config
 from .report import format_breakdown, format_header, format_run, format_summary, train_flags

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import registry
+from ..core import registry
 from .budget import Budget, Setup, build_budget, mode_layout
 from .options import OPTIONS, MemOption, allowed_configs
 from .shapes import ModelShape

@@ -1,7 +1,7 @@
 """Ulysses (all-to-all sequence<->heads) backend."""
 
-from ..layout import ulysses_rule
-from ..seq_algo import SeqAlgo
+from ..core.layout import ulysses_rule
+from ..core.seq_algo import SeqAlgo
 from .attention import kv_replication, ulysses_attention, ulysses_wrap
 from .prepare_inputs import contiguous_multiple, contiguous_shard, contiguous_spans
 

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from ..comm import SeqAllToAll
-from ..documents import Documents
+from ..core.documents import Documents
+from ..core.layout import ulysses_heads
+from ..core.local_attn import local_attention
 from ..kernels import AttnKernel
-from ..layout import ulysses_heads
-from ..local_attn import local_attention
 
 
 def kv_replication(heads_q: int, heads_kv: int, world: int, algo: str = "ulysses_attn") -> int:

@@ -1,6 +1,6 @@
 """USP backend: Ulysses (inside) x zigzag ring (across); option ``ring_degree``."""
 
-from ..seq_algo import OptionFlag, SeqAlgo
+from ..core.seq_algo import OptionFlag, SeqAlgo
 from .attention import usp_attention
 from .prepare_inputs import default_ring_degree, usp_multiple, usp_rule, usp_shard, usp_spans
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..documents import Documents
-from ..groups import get_usp_groups
+from ..core.documents import Documents
+from ..core.groups import get_usp_groups
 from ..kernels import AttnKernel
 from ..ulysses_attn.attention import ulysses_wrap
 from ..zigzag_ring_attn.attention import zigzag_ring_attention

@@ -1,6 +1,6 @@
 """Zigzag ring attention backend (load-balanced causal ring, Brandon et al. / ring-flash-attn style)."""
 
-from ..seq_algo import SeqAlgo
+from ..core.seq_algo import SeqAlgo
 from .attention import ring_backward, ring_forward, zigzag_ring_attention
 from .prepare_inputs import zigzag_multiple, zigzag_shard, zigzag_spans, zigzag_unshard
 from .schedule import zigzag_blocks

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..comm import RingExchange
-from ..distributed_attn import distributed_attention
-from ..documents import Documents, split_blocks
+from ..core.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from ..core.distributed_attn import distributed_attention
+from ..core.documents import Documents, split_blocks
 from ..kernels import AttnKernel
 from .prepare_inputs import zigzag_spans
 from .schedule import zigzag_blocks
@@ -103,7 +103,7 @@ def zigzag_ring_attention(
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim) zigzag shards
     (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output. ``documents``: document masking
-    (:mod:`easy_context.documents`); ``window``: causal sliding window (:mod:`easy_context.windows`; a step beyond
+    (``core.documents``); ``window``: causal sliding window (``core.windows``; a step beyond
     it makes no kernel call); ``sinks`` (heads,): attention sinks, merged once (docs/attention_variants.md).
     """
     _check_local_len(q, causal)

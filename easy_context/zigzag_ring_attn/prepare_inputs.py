@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..documents import Span
+from ..core.documents import Span
 
 
 def zigzag_multiple(world_size: int) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
-from ..documents import Documents
+from ..core.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from ..core.documents import Documents
 from ..kernels import AttnKernel
 from .attention import step_blocks
 

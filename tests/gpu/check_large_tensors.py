@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from easy_context.core.lse_merge import merge_eager_, merge_into_  # noqa: E402
 from easy_context.kernels import get_kernel  # noqa: E402
 from easy_context.loss import chunked_linear_cross_entropy  # noqa: E402
-from easy_context.lse_merge import merge_eager_, merge_into_  # noqa: E402
 from easy_context.memory import tiled_mlp  # noqa: E402
 
 HIDDEN, INTER, HEADS, HEAD_DIM, VOCAB, TAIL = 4096, 11008, 32, 128, 32000, 256

@@ -5,11 +5,11 @@ A backend supplies two functions over local shards:
     backward_fn(dout, q, k, v, out, lse, kernel, scale, causal, group[, documents=...]) -> (dq, dk, dv)
 and :func:`distributed_attention` makes them one differentiable call that also honours
 checkpoint-after-attention (the recompute replays the recorded (out, lse) instead of communicating).
-``documents`` (document masking, :mod:`easy_context.documents`) and ``window`` (a causal sliding window,
-:mod:`easy_context.windows`) are passed only when given, and the backward and a replay use the same ones as the
+``documents`` (document masking, :mod:`easy_context.core.documents`) and ``window`` (a causal sliding window,
+:mod:`easy_context.core.windows`) are passed only when given, and the backward and a replay use the same ones as the
 forward. ``sinks`` (attention sinks, one logit per head of the local queries) need nothing from the backend: they
-merge once into its final (out, lse) here (:func:`~easy_context.lse_merge.merge_sinks`), so the backend's backward
-sees the final lse (exact), and their gradient comes from (dout, out, lse) (:func:`~easy_context.lse_merge.sink_grad`).
+merge once into its final (out, lse) here (:func:`~easy_context.core.lse_merge.merge_sinks`), so the backend's backward
+sees the final lse (exact), and their gradient comes from (dout, out, lse) (``lse_merge.sink_grad``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels import AttnKernel
 from .attn_checkpoint import forward_or_replay
 from .documents import Documents
-from .kernels import AttnKernel
 from .lse_merge import merge_sinks, sink_grad
 
 ForwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]

@@ -1,8 +1,8 @@
 """The backends by name, the functional API over them, and the command-line flags they share.
 
-A new backend is its sub-package (a :class:`~easy_context.seq_algo.SeqAlgo`) plus :func:`register_seq_algo`:
+A new backend is its sub-package (a :class:`~easy_context.core.seq_algo.SeqAlgo`) plus :func:`register_seq_algo`:
 train.py, the evals, the planner and the benches take its name, its options (:func:`add_option_args`) and its
-layout rule (:meth:`SeqAlgo.layout <easy_context.seq_algo.SeqAlgo.layout>`) from here.
+layout rule (:meth:`SeqAlgo.layout <easy_context.core.seq_algo.SeqAlgo.layout>`) from here.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from . import data_parallel, dist_flash_attn, ulysses_attn, usp_attn, zigzag_ring_attn
-from .kernels import KERNEL_NAMES
+from .. import data_parallel, dist_flash_attn, ulysses_attn, usp_attn, zigzag_ring_attn
+from ..kernels import KERNEL_NAMES
 from .seq_algo import AttnFunc, OptionFlag, SeqAlgo
 
 _ALGOS: dict[str, SeqAlgo] = {}
@@ -106,7 +106,7 @@ def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
 
     q: (batch, seq_local, heads, dim); k/v: (batch, seq_local, heads_kv, dim); output has q's shape.
     Packed documents: ``position_ids`` (this rank's shard of the full sequence's, restarting at each document) or
-    ``documents`` (:class:`easy_context.documents.Documents` of the full sequence) keep attention inside each
+    ``documents`` (:class:`easy_context.core.documents.Documents` of the full sequence) keep attention inside each
     document (docs/documents.md).
     ``kernel`` picks the local kernel (``auto``, ``cpu``, ``cudnn``, ``flash``, ``efficient``,
     ``flash_attn``, ``math``); other keywords are backend options (e.g. ``ring_degree`` for usp_attn).

@@ -20,7 +20,7 @@ launch`` (``TORCHELASTIC_RUN_ID`` set) it also ends the process when the launche
 
 A step that may legitimately take longer (the first one, a checkpoint save) gets its own bound:
 ``beat(step, within_s=..., doing="saving state-step8")`` / ``start(within_s=...)``. Keep it running through the
-end of the run (the teardown of the process groups can hang too); :func:`~easy_context.process_exit.exit_process`
+end of the run (the teardown of the process groups can hang too); :func:`~.process_exit.exit_process`
 ends the process, and the watchdog with it.
 
 A hang that holds the GIL (a C++ call that never returns without releasing it, as gloo's group destructor in

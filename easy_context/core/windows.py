@@ -4,14 +4,14 @@ The convention is transformers' (``masking_utils.sliding_window_overlay``, eager
 ``sliding_window = w`` a query at global position i sees the keys j with ``i - w < j <= i`` (itself and the w - 1
 before it; flash-attention's ``window_size = (w - 1, 0)``). Only causal attention has a window here.
 
-Like document masking (:mod:`easy_context.documents`) it is a per-block rule on global rows: every block a schedule
-computes maps its local rows to contiguous global runs (:class:`~easy_context.documents.Span`), and
+Like document masking (:mod:`easy_context.core.documents`) it is a per-block rule on global rows: every block a schedule
+computes maps its local rows to contiguous global runs (:class:`~easy_context.core.documents.Span`), and
 :func:`window_blocks` turns each (query run x key run) piece into
 
 * nothing, when every key is more than w - 1 rows before every query (a ring step or a DistFlashAttn task beyond the
   window makes no kernel call);
 * the piece unchanged, when every key is within the window (no mask: the fast kernel path);
-* a band block (:attr:`~easy_context.blockwise.Block.band`), trimmed to the query rows that have a key in it and
+* a band block (:attr:`~easy_context.core.blockwise.Block.band`), trimmed to the query rows that have a key in it and
   the key rows some query sees, so every query row of a band block has at least one key;
 * for a causal diagonal piece longer than the window: diagonal tiles of ``max(w, MIN_TILE)`` rows (causal, banded
   when the tile is longer than w) and, below each, the band against the previous tile; tiles further back are
@@ -82,7 +82,7 @@ def window_blocks(blocks: Sequence[Block], q_spans: Sequence[Span], k_spans: Seq
     """The blocks of ``blocks`` a causal sliding window of ``window`` keys keeps (``blocks`` itself when None).
 
     ``q_spans`` / ``k_spans``: the global rows of the local query / key tensor's rows, as for
-    :func:`easy_context.documents.split_blocks` (which calls this after its document split). A block wholly inside
+    :func:`easy_context.core.documents.split_blocks` (which calls this after its document split). A block wholly inside
     the window is returned unchanged; one wholly outside gives nothing.
     """
     if window is None:

@@ -2,13 +2,13 @@
 
 Every backend sub-package exports one :class:`SeqAlgo`. The attention implementation has the fixed
 signature ``impl(q, k, v, kernel, softmax_scale, causal, group, **options) -> out`` on local shards
-(b, s_local, h, d), plus a keyword ``documents`` (:class:`~easy_context.documents.Documents`) when it implements
+(b, s_local, h, d), plus a keyword ``documents`` (:class:`~easy_context.core.documents.Documents`) when it implements
 document masking; :meth:`SeqAlgo.attn_func` wraps it in the public
 ``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None, documents=None,
 softcap=None, sliding_window=None, sinks=None)`` with the checks every backend shares (dropout, shapes, kernel
 choice, default SP group, documents, variants). The variants (docs/attention_variants.md): ``softcap`` is bound into
 the kernel (every backend computes it); ``impl`` takes keywords ``window`` (a causal sliding window, cut per block:
-:mod:`easy_context.windows`) and ``sinks`` ((heads,) logits, merged once) when it implements them.
+:mod:`easy_context.core.windows`) and ``sinks`` ((heads,) logits, merged once) when it implements them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from ..kernels import KERNEL_NAMES, default_scale, get_kernel
+from ..kernels.base import check_shapes
 from .documents import Documents, Span, local_documents, spans_of
 from .groups import get_sp_group
-from .kernels import KERNEL_NAMES, default_scale, get_kernel
-from .kernels.base import check_shapes
 from .layout import Layout, heads_of, length_error, ring_rule, seq_multiple_call
 from .shape_check import check_local_shapes
 from .windows import check_window
@@ -100,12 +100,12 @@ class SeqAlgo:
     ``shard(value, rank, world_size, dim, **options)`` returns this rank's piece of a full sequence;
     ``multiple(world_size, **options)`` is the number the full length must divide by;
     ``impl`` computes attention on local shards; ``distributed`` is False only for data parallel;
-    ``layout_rule(world_size, heads, kv_heads, **options)`` returns the :class:`~easy_context.layout.Layout` fields
+    ``layout_rule(world_size, heads, kv_heads, **options)`` returns the :class:`~easy_context.core.layout.Layout` fields
     this backend decides (ring, ulysses, kv_rep, shard, resolved options, infeasible); :meth:`layout` adds the rest;
     ``spans(rank, world_size, seq_local, **options)`` the global rows of a rank's local rows as
-    :class:`~easy_context.documents.Span` runs (None: derived from ``shard``; see :meth:`global_rows`);
+    :class:`~easy_context.core.documents.Span` runs (None: derived from ``shard``; see :meth:`global_rows`);
     ``flags``: option name -> :class:`OptionFlag`, the command-line flag of each option (train.py, the evals and the
-    planner add them for every registered backend: :func:`easy_context.registry.add_option_args`).
+    planner add them for every registered backend: :func:`easy_context.core.registry.add_option_args`).
     """
 
     name: str
@@ -151,7 +151,7 @@ class SeqAlgo:
 
     def global_rows(self, rank: int, world_size: int, seq_local: int, **kw) -> tuple[Span, ...]:
         """Where rank ``rank``'s ``seq_local`` local rows sit in the full sequence: contiguous runs
-        (:class:`~easy_context.documents.Span`), in local order. Data parallel: the whole sequence."""
+        (:class:`~easy_context.core.documents.Span`), in local order. Data parallel: the whole sequence."""
         opts = self._options(kw)
         if self.spans is not None:
             return self.spans(rank, world_size, seq_local, **opts)
@@ -195,7 +195,7 @@ class SeqAlgo:
 
     def layout(self, world_size: int, heads: int, kv_heads: int | None = None, **kw) -> Layout:
         """How this backend spreads a sequence and ``heads`` query / ``kv_heads`` K/V heads over ``world_size``
-        ranks (see :class:`~easy_context.layout.Layout`; check ``infeasible`` or call ``require()``)."""
+        ranks (see :class:`~easy_context.core.layout.Layout`; check ``infeasible`` or call ``require()``)."""
         opts = self._options(kw)
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")

@@ -1,5 +1,5 @@
 """The optimizer for train.py: AdamW, DeepSpeed's CPU AdamW when ZeRO offloads optimizer states, or
-:class:`~easy_context.host_adamw.HostAdamW` (optimizer states in host memory without DeepSpeed)."""
+:class:`~easy_context.training.host_adamw.HostAdamW` (optimizer states in host memory without DeepSpeed)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def prepare_seq_parallel_inputs(
     ``target_ids`` are already shifted by the caller (target i is the token after input i); None (inference, as in
     EasyContext) gives ``local_target_ids`` None. ``rank`` and
     ``world_size`` are the SP rank and size. Lengths that do not shard evenly raise an error naming
-    :func:`pad_seq_parallel_inputs` (:meth:`SeqAlgo.check_length <easy_context.seq_algo.SeqAlgo.check_length>`).
+    :func:`pad_seq_parallel_inputs` (:meth:`SeqAlgo.check_length <easy_context.core.seq_algo.SeqAlgo.check_length>`).
     """
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)

@@ -6,8 +6,8 @@ document start, as packing collators write them). transformers applies it per ba
 no ``attention_mask`` and no KV cache (the sequence-parallel models never use one).
 
 No kernel needs a mask for this. Documents are contiguous runs of the global sequence, and every block a schedule
-computes (:class:`~easy_context.blockwise.Block`) maps its local rows to a few contiguous global runs
-(:class:`Span`, answered by the backend's layout: :meth:`easy_context.seq_algo.SeqAlgo.global_rows`). Under document
+computes (:class:`~easy_context.core.blockwise.Block`) maps its local rows to a few contiguous global runs
+(:class:`Span`, answered by the backend's layout: :meth:`~.seq_algo.SeqAlgo.global_rows`). Under document
 masking a block becomes one sub-block per document overlapping both its query and its key rows
 (:func:`split_blocks`): a causal (diagonal) block gives each document its causal square, a full block gives the
 rectangle (queries in the document) x (keys in the document). Blocks without a shared document make no kernel call.
@@ -191,7 +191,7 @@ def split_blocks(
     window: int | None = None,
 ) -> list[Block]:
     """The sub-blocks of ``blocks`` under ``documents`` and a causal sliding ``window`` (``blocks`` itself when both
-    are None; the window's rule: :func:`easy_context.windows.window_blocks`, applied to the document sub-blocks).
+    are None; the window's rule: :func:`easy_context.core.windows.window_blocks`, applied to the document sub-blocks).
 
     ``q_spans`` / ``k_spans``: the global rows of the local query / key tensor's rows (the blocks' ``q_rows`` and
     ``k_rows`` index those tensors); ``batch``: the batch size (documents that differ between rows split per row).
@@ -242,7 +242,7 @@ def _agree_on_shape(algo: str, pos: torch.Tensor, group) -> None:
 
 def gather_position_ids(seq_algo: str, local_position_ids: torch.Tensor, group=None, **options) -> torch.Tensor:
     """The full sequence's (batch, seq) position ids from every SP rank's local shard (one all-gather), in global
-    order (each rank's rows placed by the backend's layout, :meth:`~easy_context.seq_algo.SeqAlgo.global_rows`)."""
+    order (each rank's rows placed by the backend's layout, :meth:`~easy_context.core.seq_algo.SeqAlgo.global_rows`)."""
     from .groups import get_sp_group
     from .registry import get_seq_algo
 

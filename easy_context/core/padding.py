@@ -1,4 +1,4 @@
-"""The padding helper that meets the SP layouts' length multiples (the check and its message: easy_context.layout)."""
+"""The padding helper that meets the SP layouts' length multiples (the check and its message: core.layout)."""
 
 from __future__ import annotations
 

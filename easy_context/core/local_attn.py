@@ -1,19 +1,19 @@
 """Single-device attention through a local kernel (data parallel, Ulysses' inner call), on the shared autograd
-function of :mod:`easy_context.distributed_attn` (one save-(out, lse) backward, one checkpoint replay).
+function of :mod:`easy_context.core.distributed_attn` (one save-(out, lse) backward, one checkpoint replay).
 
 Under document masking the sequence is the full one, so each document is one causal (or full) square of its own
 rows: one kernel call per document, rows disjoint, nothing to merge. A sliding window cuts the sequence (or each
-document) into diagonal tiles and the bands below them (:mod:`easy_context.windows`), merged block-wise in fp32.
+document) into diagonal tiles and the bands below them (:mod:`easy_context.core.windows`), merged block-wise in fp32.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..kernels import AttnKernel
 from .blockwise import Block, ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from .distributed_attn import distributed_attention
 from .documents import Documents, Span, split_blocks
-from .kernels import AttnKernel
 
 
 def _document_blocks(q: torch.Tensor, causal: bool, documents: Documents | None, window: int | None = None):
@@ -65,7 +65,7 @@ def local_attention(
     window: int | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Attention of the whole (local) sequence, (b, s, h, d) layouts, k/v may have fewer heads; ``group`` is
-    ignored. ``documents``: each attends only to itself (:mod:`easy_context.documents`); ``window``: causal sliding
+    ignored. ``documents``: each attends only to itself (:mod:`easy_context.core.documents`); ``window``: causal sliding
     window; ``sinks`` (heads,): attention sinks (docs/attention_variants.md)."""
     return distributed_attention(
         "local", _kernel_forward, _kernel_backward, q, k, v, kernel, scale, causal, group, documents, window, sinks

@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from .groups import get_dp_group, get_sp_group, init_sp_groups
-from .registry import get_seq_algo
+from ..core.groups import get_dp_group, get_sp_group, init_sp_groups
+from ..core.registry import get_seq_algo
 
 
 def prepare_dataloader(

@@ -6,7 +6,7 @@ LSE of those rows to the kernel's backward, which makes the per-block gradients 
 them in fp32. Communication lives elsewhere (``comm``), so the same functions also drive single-process
 "virtual rank" simulations in tests and benchmarks.
 
-Under document masking (:mod:`easy_context.documents`) a block becomes sub-blocks, one per document: a query row
+Under document masking (:mod:`easy_context.core.documents`) a block becomes sub-blocks, one per document: a query row
 may then get nothing from one K/V shard, so the accumulator tracks which rows were written and merges rows with
 no keys yet (lse -inf) without NaN.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels import AttnKernel
-from .kernels.base import Band
+from ..kernels import AttnKernel
+from ..kernels.base import Band
 from .lse_merge import merge_into_, merge_safe_
 
 ALL = slice(None)
@@ -30,7 +30,7 @@ class Block:
 
     ``batch``: the batch rows it covers (all of them, or one row when documents differ between rows).
     ``band``: (lo, hi), query row i sees key row j only when lo <= i - j <= hi (block-local; a sliding window's
-    cut, :mod:`easy_context.windows`); None: every key row (or the causal triangle).
+    cut, :mod:`easy_context.core.windows`); None: every key row (or the causal triangle).
     """
 
     q_rows: slice

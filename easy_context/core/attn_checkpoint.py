@@ -14,7 +14,7 @@ its backward (the output shares storage with the tensor the layer's forward prod
 
 Hook for a backend (two lines in its ``torch.autograd.Function.forward``)::
 
-    from ..attn_checkpoint import forward_or_replay
+    from ...attn_checkpoint import forward_or_replay
     out, lse = forward_or_replay("my_backend", q, lambda: distributed_forward(q, k, v, ...))
     ctx.save_for_backward(q, k, v, out, lse)
 
@@ -41,7 +41,7 @@ class _Entry:
     out: torch.Tensor  # (b, s_local, h, d), detached
     lse: torch.Tensor  # (b, h, s_local) fp32, detached
     version: int  # out's version counter when recorded (detects in-place changes)
-    documents: Any = None  # the document masking it computed (easy_context.documents.Documents or None)
+    documents: Any = None  # the document masking it computed (easy_context.core.documents.Documents or None)
 
 
 class _Mode:

@@ -140,7 +140,7 @@ def get_dp_group() -> dist.ProcessGroup | None:
 def reset_groups() -> None:
     """Forget cached groups (tests; a new process group). Call it before ``destroy_process_group``: a group
     still referenced here is only freed at interpreter exit, where gloo's worker threads can abort the process
-    (see :mod:`easy_context.process_exit`)."""
+    (see :mod:`easy_context.training.process_exit`)."""
     global _SP_GROUP, _DP_GROUP, _SP_SIZE
     _SP_GROUP = _DP_GROUP = _SP_SIZE = None
     _USP_CACHE.clear()

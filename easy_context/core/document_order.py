@@ -1,6 +1,6 @@
 """Balancing packed documents over the ranks of a ring: reorder whole documents inside each row.
 
-Under document masking (:mod:`easy_context.documents`) every token attends only inside its own document, so the
+Under document masking (:mod:`easy_context.core.documents`) every token attends only inside its own document, so the
 documents of a packed row are independent: a token's loss term depends on its document's tokens before it and on its
 target, nothing else. Moving whole documents (each one's ``input_ids``, ``position_ids`` and ``target_ids`` slices
 together, after the inputs/targets shift) to other places in the row therefore leaves every per-token loss term, the
@@ -10,7 +10,7 @@ That matters for the ring backends. Zigzag ring attention cuts the row into 2W c
 2W-1-r) and DistFlashAttn into W; their ring steps run in lockstep, so a step lasts as long as its busiest rank, and
 with documents the per-rank work of a step is very uneven (docs/benchmarks.md, "Document masking"). The lockstep
 cost of a layout is the sum over the schedule's steps of the busiest rank's work (attention scores of the document
-sub-blocks, :func:`easy_context.documents.split_blocks` / :func:`easy_context.documents.block_cost`: the same count
+sub-blocks, ``documents.split_blocks`` / ``documents.block_cost``: the same count
 ``bench/document_imbalance.py`` reports, :func:`schedule_work`). :func:`balance_order` searches a document order that
 lowers it and :func:`balance_documents` applies it to a host batch before sharding.
 
@@ -40,7 +40,7 @@ from .documents import Documents, Span, _pieces, block_cost, split_blocks
 BALANCED_ALGOS = ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
 
 # (blocks, query spans, key spans) of one task: the blocks index the runner's local query / key tensors, whose rows
-# sit at the spans' global rows (the arguments of :func:`easy_context.documents.split_blocks`)
+# sit at the spans' global rows (the arguments of :func:`easy_context.core.documents.split_blocks`)
 Task = tuple[list[Block], tuple[Span, ...], tuple[Span, ...]]
 
 
@@ -54,8 +54,8 @@ def ring_world(seq_algo: str, world_size: int, **options) -> int | None:
     if seq_algo in ("zigzag_ring_attn", "dist_flash_attn"):
         return world_size if world_size > 1 else None
     if seq_algo == "usp_attn":
+        from ..usp_attn.prepare_inputs import resolve_ring_degree
         from .groups import check_ring_degree
-        from .usp_attn.prepare_inputs import resolve_ring_degree
 
         ring = resolve_ring_degree(world_size, options.get("ring_degree"))
         check_ring_degree(world_size, ring)
@@ -76,7 +76,7 @@ def schedule_tasks(seq_algo: str, world: int, seq_length: int, causal: bool = Tr
     algo = _schedule_algo(seq_algo)
     s = seq_length // world
     if algo == "zigzag_ring_attn":
-        from .zigzag_ring_attn import zigzag_blocks, zigzag_spans
+        from ..zigzag_ring_attn import zigzag_blocks, zigzag_spans
 
         return [
             [
@@ -86,7 +86,7 @@ def schedule_tasks(seq_algo: str, world: int, seq_length: int, causal: bool = Tr
             for step in range(world)
         ]
     if algo == "dist_flash_attn":
-        from .dist_flash_attn.schedule import build_schedule, task_blocks, task_spans
+        from ..dist_flash_attn.schedule import build_schedule, task_blocks, task_spans
 
         out = []
         for step in build_schedule(world, causal):
@@ -102,8 +102,8 @@ def schedule_work(
     seq_algo: str, world: int, seq_length: int, documents: Documents | None, causal: bool = True
 ) -> tuple[list[list[int]], list[int]]:
     """(``work[step][rank]``, kernel calls per rank) of ``seq_algo``'s forward on a ring of ``world`` ranks: the
-    attention scores of every document sub-block (:func:`~easy_context.documents.split_blocks`, one batch row;
-    :func:`~easy_context.documents.block_cost`). The exact count, straight from the schedule's blocks."""
+    attention scores of every document sub-block (:func:`~.documents.split_blocks`, one batch row;
+    :func:`~easy_context.core.documents.block_cost`). The exact count, straight from the schedule's blocks."""
     tasks = schedule_tasks(seq_algo, world, seq_length, causal)
     work = [[0] * world for _ in tasks]
     calls = [0] * world
@@ -144,7 +144,7 @@ class LockstepModel:
     """The per-(step, rank) work of a schedule as a linear function of where the documents lie.
 
     The schedule's span edges cut the global rows into segments (``bounds``, ascending, ``bounds[0] = 0``,
-    ``bounds[-1] = seq_length``). Every sub-block of :func:`~easy_context.documents.split_blocks` is a causal square
+    ``bounds[-1] = seq_length``). Every sub-block of :func:`~.documents.split_blocks` is a causal square
     or a rectangle of rows of one document, so with ``a[d, i]`` = the rows document d has in segment i, a rank's work
     at a step is a sum of ``sum_d a[d, i] * a[d, j]`` (a rectangle between segments i and j) and
     ``sum_d a[d, i] (a[d, i] + 1) / 2`` (a causal square inside segment i) terms: the F features. ``pairs`` (F, 2):

@@ -1,4 +1,4 @@
-"""Fused CUDA version of :func:`easy_context.lse_merge.merge_into_` (one pass, Triton).
+"""Fused CUDA version of :func:`easy_context.core.lse_merge.merge_into_` (one pass, Triton).
 
 The eager merge makes two passes over the fp32 accumulator plus temporaries; this kernel reads the
 accumulator, the block output and both LSEs once and writes the accumulator and LSE once: about a third
@@ -43,7 +43,7 @@ def _merge_rows(
 
 
 def merge_into_triton_(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Same contract as :func:`easy_context.lse_merge.merge_into_`; needs unit stride on head_dim."""
+    """Same contract as :func:`easy_context.core.lse_merge.merge_into_`; needs unit stride on head_dim."""
     b, s, h, d = acc_out.shape
     block_d = triton.next_power_of_2(d)
     block_h = min(triton.next_power_of_2(h), max(1, 4096 // block_d))

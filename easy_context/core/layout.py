@@ -1,6 +1,6 @@
 """The answer to every layout question: how one backend spreads a sequence and its heads over W ranks.
 
-Each backend's :class:`~easy_context.seq_algo.SeqAlgo` owns a layout rule; ``get_seq_algo(name).layout(world_size,
+Each backend's :class:`~easy_context.core.seq_algo.SeqAlgo` owns a layout rule; ``get_seq_algo(name).layout(world_size,
 heads, kv_heads, **options)`` returns a :class:`Layout`. train.py, the evals, the planner and the benches ask it
 instead of re-deriving a backend's constraints from its name. The messages for a length that does not shard
 (:func:`length_error`) and the ``seq_multiple`` call that fixes it (:func:`seq_multiple_call`) live here once.
