@@ -2,7 +2,7 @@
 ``easy-context-eval-ppl``). Same flags, same behaviour."""
 
 from easy_context.eval.run_ppl import DEFAULT_DATASET, main, parse_args  # noqa: F401
-from easy_context.process_exit import exit_process
+from easy_context.training.process_exit import exit_process
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,6 @@
 """EasyContext's entry point, kept: the training program lives in easy_context/train.py (installed as
 ``easy-context-train``; ``accelerate launch -m easy_context.train`` runs the same). Same flags, same behaviour."""
 
-from easy_context.process_exit import exit_process
 from easy_context.train import (  # noqa: F401  (the names scripts and tests import from train.py)
     backend_options,
     build_parser,
@@ -13,6 +12,7 @@ from easy_context.train import (  # noqa: F401  (the names scripts and tests imp
     split_batch,
     to_host,
 )
+from easy_context.training.process_exit import exit_process
 
 if __name__ == "__main__":
     main()

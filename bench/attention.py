@@ -98,7 +98,7 @@ def check(results: list) -> bool:
                 results.append(row)
                 print(row, flush=True)
     # the fused Triton merge vs the eager merge, on strided views like the ring uses
-    from easy_context.lse_merge import merge_eager_, merge_into_
+    from easy_context.core.lse_merge import merge_eager_, merge_into_
 
     for h, d in ((32, 128), (5, 64), (96, 80)):
         g = torch.Generator(device=dev).manual_seed(h)

@@ -1,5 +1,5 @@
 """Per-rank attention work under document masking (packed documents), counted from the schedules (no tensors), in
-the row's order and in the balanced order of ``easy_context.document_order.balance_order``.
+the row's order and in the balanced order of ``easy_context.core.document_order.balance_order``.
 
 Each rank's work is the number of attention scores its sub-blocks compute (a causal block of n rows: n(n+1)/2;
 FLOPs are proportional). Ring steps run in lockstep (a rank waits for the next K/V), so a step takes as long as its
@@ -26,8 +26,8 @@ import time
 import numpy as np
 import torch
 
-from easy_context.document_order import balance_documents, lockstep_model, schedule_work, summarize_work
-from easy_context.documents import Documents
+from easy_context.core.document_order import balance_documents, lockstep_model, schedule_work, summarize_work
+from easy_context.core.documents import Documents
 
 ALGOS = ("zigzag_ring_attn", "dist_flash_attn")
 

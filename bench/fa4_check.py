@@ -219,7 +219,7 @@ def _schedule(sim, shard, kern, q, k, v, dout, world, causal=True):
 
 def _windowed_zigzag(kern, q, k, v, dout, world, window):
     """Zigzag on virtual ranks with a sliding window: the backends' step blocks (full, causal, band) and merges."""
-    from easy_context.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+    from easy_context.core.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
     from easy_context.zigzag_ring_attn import zigzag_shard
     from easy_context.zigzag_ring_attn.attention import step_blocks
 

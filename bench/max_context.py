@@ -8,7 +8,7 @@ backward and the AdamW step on every parameter, with the whole memory stack:
   layers as the host can hold next to the optimizer states (``--offload-layers auto``), the others on the GPU;
   pageable host blocks (the pinned allocator rounds each block up to a power of two);
 - tiled MLP (``--mlp-tile-tokens`` tokens per tile) and the chunked LM-head loss (no (S, vocab) logits);
-- optimizer states offloaded: :class:`easy_context.host_adamw.HostAdamW` (fp32 master + moments on the host,
+- optimizer states offloaded: :class:`easy_context.training.host_adamw.HostAdamW` (fp32 master + moments on the host,
   12 B/param; DeepSpeed ZeRO-3 offload needs 18 B/param on the host, more than a 128 GB host has for 8B);
 - ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 
@@ -103,11 +103,11 @@ def progress(msg: str) -> None:
 def run_probe(args, seq: int) -> dict:
     import torch
 
-    from easy_context.host_adamw import HostAdamW
     from easy_context.loss import CausalLMWithLoss
     from easy_context.memory import enable_chunked_rmsnorm, enable_offloaded_checkpointing, enable_tiled_mlp
     from easy_context.models import PRESETS, load_model
     from easy_context.sp_config import SPConfig
+    from easy_context.training.host_adamw import HostAdamW
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

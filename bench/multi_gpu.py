@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import easy_context as ec  # noqa: E402
 from easy_context.kernels import KERNELS  # noqa: E402
-from easy_context.process_exit import exit_process  # noqa: E402
+from easy_context.training.process_exit import exit_process  # noqa: E402
 
 
 def rel(x, ref):

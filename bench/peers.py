@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import easy_context as ec  # noqa: E402
 from easy_context.kernels import get_kernel  # noqa: E402
-from easy_context.process_exit import exit_process  # noqa: E402
+from easy_context.training.process_exit import exit_process  # noqa: E402
 
 Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # local (b, s, h, d) -> local out
 

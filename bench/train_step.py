@@ -13,7 +13,7 @@ next one starts clean::
 attention through our kernel interface (``data_parallel`` backend, one GPU), the chunked LM-head loss, the
 chosen checkpointing mode (``attn`` = checkpoint-after-attention) and optionally compiled norms/MLP/RoPE.
 
-MFU = (6 N + causal attention FLOPs) x tokens / step time / 989 TFLOP/s (``easy_context.flops``; recompute is
+MFU = (6 N + causal attention FLOPs) x tokens / step time / 989 TFLOP/s (``easy_context.training.flops``; recompute is
 not counted). ``--profile DIR`` writes a torch-profiler table (CUDA time per op) of one extra step.
 """
 
@@ -99,7 +99,7 @@ def build(args, seq: int):
 def run_worker(args) -> dict:
     import torch
 
-    from easy_context.flops import peak_flops, train_flops_per_token
+    from easy_context.training.flops import peak_flops, train_flops_per_token
 
     seq = args.seq[0]
     model, with_loss, device = build(args, seq)
