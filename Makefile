@@ -19,9 +19,9 @@ demo: $(VENV)/.installed
 	PY=$(PY) bash train_scripts/demo_cpu.sh
 
 test: $(VENV)/.installed
-	$(PY) -m ruff check easy_context tests bench train.py PaulGrahamEssays
+	$(PY) -m ruff check easy_context tests bench examples train.py PaulGrahamEssays
 	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(PY) -m pytest tests
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check easy_context tests bench
-	$(PY) -m ruff format --check easy_context tests bench
+	$(PY) -m ruff check easy_context tests bench examples
+	$(PY) -m ruff format --check easy_context tests bench examples
