@@ -13,6 +13,7 @@ runs unchanged on one process; then the DP x SP mesh (:func:`~easy_context.core.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,7 +146,14 @@ def resolve_sp_config(backend: str, *, sp_size: int | None = None, kernel: str =
     checked without a process group is checked before one is created.
     """
     _options(backend, kernel, option_values)  # the names of the backend, kernel and options, before any group
-    if not dist.is_initialized():  # one process: a process group of one, so the SP code runs unchanged
+    if not dist.is_initialized():
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched > 1:  # a group of one here would train each process alone: silently other math
+            raise RuntimeError(
+                f"resolve_sp_config: this process was launched as one of {launched} (WORLD_SIZE) but joined no process "
+                "group yet; create the Accelerator (or call torch.distributed.init_process_group) first"
+            )
+        # one process: a process group of one, so the SP code runs unchanged
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     init_sp_groups(sp_size)
     sp_group, dp_group = get_sp_group(), get_dp_group()

@@ -97,7 +97,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from easy_context.process_exit import exit_process
+    from easy_context.training.process_exit import exit_process
 
     main()
-    exit_process(0)  # no process-group teardown at exit (easy_context.process_exit explains why)
+    exit_process(0)  # no process-group teardown at exit (easy_context.training.process_exit explains why)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -96,3 +100,14 @@ def test_resolved_for_a_size_without_process_groups():
     assert sp_config_for("zigzag_ring_attn", 4, kernel="math").seq_multiple() == 8
     with pytest.raises(ValueError, match="ring_degree=3 must divide the sequence-parallel size 8"):
         sp_config_for("usp_attn", 8, ring_degree=3)
+
+
+def test_a_launched_process_without_its_process_group_is_refused():
+    """WORLD_SIZE=2 but no group joined yet: a group of one would train this process alone (other math)."""
+    code = ("import torch.distributed as dist\nfrom easy_context.sp_config import resolve_sp_config\n"
+            "try:\n    resolve_sp_config('zigzag_ring_attn')\nexcept RuntimeError as exc:\n    print(exc)\n"
+            "print(dist.is_initialized())\n")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "WORLD_SIZE": "2"})  # fmt: skip
+    assert "launched as one of 2 (WORLD_SIZE) but joined no process group yet" in res.stdout, res.stderr[-2000:]
+    assert res.stdout.strip().endswith("False")  # refused before creating one

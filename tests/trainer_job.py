@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from easy_context.process_exit import exit_process  # noqa: E402
+from easy_context.training.process_exit import exit_process  # noqa: E402
 from tests.models import tiny_config  # noqa: E402
 
 STEPS, BATCH, ACCUM, LR = 4, 2, 2, 2e-3

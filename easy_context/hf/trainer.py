@@ -48,11 +48,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel, Trainer
 
-from ..dataloader import batch_checksum
-from ..groups import get_sp_group
-from ..inputs import pad_seq_parallel_inputs
+from ..core.groups import get_sp_group
+from ..core.inputs import pad_seq_parallel_inputs
 from ..loss import HEAD_LOSS_IMPLS, CausalLMWithLoss, count_valid_targets, global_mean_for_logging, global_mean_loss
 from ..sp_config import SPConfig, resolve_sp_config
+from ..training.dataloader import batch_checksum
 
 IGNORE_INDEX = -100
 SP_LOSSES = (*HEAD_LOSS_IMPLS, "logits")
