@@ -6,6 +6,8 @@
     train_set = load_train_dataset("out/pg_4k", tok, seq_length=4096)   # items: LongTensor (4097,)
 
 CLI: ``python -m easy_context.data --dataset SRC --output DIR --seq-length N (--tokenizer T | --train-tokenizer V)``.
+A source larger than ``max_memory_gb`` (``--max-memory-gb``, default 4) allows is streamed in that much memory
+(:mod:`easy_context.data.streaming`, docs/data.md).
 """
 
 from .packing import PACK_MODES, PackStats, document_positions, pack_documents

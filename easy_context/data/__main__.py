@@ -3,6 +3,9 @@
     python -m easy_context.data --dataset PaulGrahamEssays --output out/pg_1k --seq-length 1024 --train-tokenizer 8000
     python -m easy_context.data --dataset data.jsonl --output out/d_32k --seq-length 32768 --tokenizer PATH \\
         --long-doc-tokens 32768 --upsample-factor 4 --pack documents
+
+A source larger than ``--max-memory-gb`` allows is streamed (tokenized in batches, shuffled on disk, written shard by
+shard) in about that much memory; see docs/data.md.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from .. import cli
 from .needles import LOSSES, NeedleMix
 from .packing import PACK_MODES
-from .prepare import pack_stats, prepare_dataset
+from .prepare import DEFAULT_MAX_MEMORY_GB, pack_stats, prepare_dataset
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
 
@@ -63,10 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="; ".join(f"{k}: {v}" for k, v in PACK_MODES.items()))  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--num-proc", type=int, default=1, help="tokenizer processes")
+    p.add_argument("--max-memory-gb", type=float, default=DEFAULT_MAX_MEMORY_GB, metavar="GB",
+                   help="memory budget: a source too large for it to be prepared in memory is streamed (batches, an "
+                        "on-disk shuffle, shards) within about this much, plus the interpreter (~0.3 GB) and the "
+                        "largest document; spill files go to a hidden folder in --output (docs/data.md)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = p.parse_args(argv)
     if args.upsample_factor > 1 and args.long_doc_tokens is None:
         p.error("--upsample-factor needs --long-doc-tokens")
+    if args.max_memory_gb < 0.001:
+        p.error(f"--max-memory-gb must be at least 0.001 (1 MB), got {args.max_memory_gb}")
     if args.digit_groups and args.train_tokenizer is None:
         p.error("--digit-groups applies to --train-tokenizer (an existing tokenizer keeps its own number splits)")
     try:
@@ -101,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             show_progress=not args.no_progress,
             needles=args.needles,
             pack=args.pack,
+            max_memory_gb=args.max_memory_gb,
         )
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -114,12 +124,20 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.needles.fraction:
         print(f"needle-retrieval rows: {json.loads(ds.info.description).get('needle_rows', 0):,} of {s.rows:,}")
+    streamed = f", streamed within --max-memory-gb {args.max_memory_gb:g}" if _streamed(ds) else ""
     print(
         f"rows: {s.rows:,} x {args.seq_length + 1:,} tokens{' + position_ids' if args.pack == 'documents' else ''} "
         f"(dropped tail: {s.dropped_tokens:,} tokens) "
-        f"-> {args.output}  [{time.perf_counter() - start:.1f} s]"
+        f"-> {args.output}  [{time.perf_counter() - start:.1f} s{streamed}]"
     )
     return 0
+
+
+def _streamed(ds) -> bool:
+    try:
+        return bool(json.loads(ds.info.description).get("streamed"))
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        return False
 
 
 if __name__ == "__main__":

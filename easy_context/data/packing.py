@@ -24,19 +24,22 @@ PACK_MODES = {
 }
 
 
-def document_positions(rows: np.ndarray, eos_id: int) -> np.ndarray:
+def document_positions(rows: np.ndarray, eos_id: int, dtype: np.dtype = np.int64) -> np.ndarray:
     """Position ids (same shape as ``rows`` (rows, length)) for document masking: 0 at each row's start and at every
     token after an ``eos_id`` (a document start), else the previous position + 1. A document cut by a row boundary
-    continues in the next row from position 0 (it is that row's first document)."""
+    continues in the next row from position 0 (it is that row's first document). ``dtype``: of the result (the
+    work is done in it, so ``np.int32`` needs about half the memory)."""
     rows = np.asarray(rows)
     if rows.ndim != 2:
         raise ValueError(f"rows must be (rows, length), got shape {rows.shape}")
-    idx = np.broadcast_to(np.arange(rows.shape[1], dtype=np.int64), rows.shape)
+    idx = np.broadcast_to(np.arange(rows.shape[1], dtype=dtype), rows.shape)
     starts = np.zeros(rows.shape, dtype=bool)
     starts[:, 0] = True
     starts[:, 1:] = rows[:, :-1] == eos_id
-    last_start = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
-    return idx - last_start
+    last_start = np.where(starts, idx, np.zeros((), dtype=dtype))
+    del starts
+    np.maximum.accumulate(last_start, axis=1, out=last_start)
+    return np.subtract(idx, last_start, out=last_start)
 
 
 @dataclass

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
 
 from .needles import NeedleMix, mix_retrieval_rows
-from .packing import PACK_MODES, PackStats, document_positions, pack_to_array
+from .packing import PACK_MODES, PackStats, _check_args, document_positions, pack_to_array
 from .random_tokens import RandomTokens, random_source_rows
 from .sources import is_saved_dataset, load_documents, load_saved_dataset
 from .tokenizer import load_tokenizer
@@ -22,6 +25,12 @@ POSITION_IDS = "position_ids"
 LABELS = "labels"  # the row's ids with -100 where it is not trained on (needle rows with --needle-loss answer)
 _BATCH = 256
 _HAYSTACK_CHARS = 16_000_000  # text kept in memory as the needle haystack
+DEFAULT_MAX_MEMORY_GB = 4.0
+# The in-memory path's peak, measured (docs/data.md): 45 bytes per token (concat), 65 (documents), 136 per source
+# token with documents + upsampling x2 + repeat 2. Counted per source character (a byte-level tokenizer's worst
+# case: a token a character), times repeat and upsampling; needle rows add their haystack's tokenization.
+IN_MEMORY_BYTES_PER_CHAR = 80
+NEEDLE_BYTES_PER_CHAR = 64
 
 
 def prepare_dataset(
@@ -37,6 +46,8 @@ def prepare_dataset(
     needles: NeedleMix | None = None,
     pack: str = "concat",
     repeat: int = 1,
+    max_memory_gb: float | None = DEFAULT_MAX_MEMORY_GB,
+    streaming: bool | None = None,
 ):
     """Tokenize ``source`` and pack it into a ``datasets.Dataset`` with one column ``"input_ids"``.
 
@@ -56,6 +67,14 @@ def prepare_dataset(
     a multi-epoch run differ in their boundaries (measured: a tiny model trained 68 epochs over the same 710 rows
     memorised each row by its position and scored perplexity 50K on the essays it had learnt), and every copy gets
     its own, fresh needle rows.
+
+    ``max_memory_gb``: the memory budget. A source whose text fits in it (at most ``max_memory_gb * 2**30 /
+    (80 * repeat * upsample_factor [+ 64 with needles])`` characters, read ahead to find out) is prepared in memory
+    as above; a larger one is streamed (:mod:`easy_context.data.streaming`): tokenized in batches, shuffled on
+    disk, packed incrementally and written shard by shard, in about that much memory whatever the corpus size (its
+    rows are another random order of the same kind). ``None``: always in memory. ``streaming``: True/False forces
+    one path (None: decide by the size). A streamed dataset is returned memory-mapped from ``output_dir`` (a
+    temporary folder, removed at exit, when None).
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
@@ -69,7 +88,29 @@ def prepare_dataset(
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no eos_token; set tokenizer.eos_token first")
+    _check_args(seq_length, eos_id, long_doc_tokens, upsample_factor)
+    if max_memory_gb is not None and max_memory_gb <= 0:
+        raise ValueError(f"max_memory_gb must be > 0 (or None: no bound), got {max_memory_gb}")
     documents = load_documents(source) if isinstance(source, str) else iter(source)
+    budget = int((max_memory_gb or DEFAULT_MAX_MEMORY_GB) * 2**30)
+    if streaming is None:
+        streaming = False
+        if max_memory_gb is not None:
+            per_char = IN_MEMORY_BYTES_PER_CHAR * repeat * upsample_factor
+            per_char += NEEDLE_BYTES_PER_CHAR if needles is not None and needles.fraction > 0 else 0
+            documents, streaming = _read_ahead(documents, budget // per_char)
+    if streaming:
+        settings = {
+            "long_doc_tokens": long_doc_tokens,
+            "upsample_factor": upsample_factor,
+            "seed": seed,
+            "num_proc": num_proc,
+            "show_progress": show_progress,
+            "needles": needles,
+            "pack": pack,
+            "repeat": repeat,
+        }
+        return _prepare_streaming(documents, source, tokenizer, seq_length, output_dir, budget, settings)
     kept: list[str] = []
     if needles is not None and needles.fraction > 0:
         documents = _keep_text(documents, kept, _HAYSTACK_CHARS)
@@ -85,10 +126,7 @@ def prepare_dataset(
                                     packed_documents=sum(st.packed_documents for _, st in packed),
                                     dropped_tokens=sum(st.dropped_tokens for _, st in packed))  # fmt: skip
     if stats.rows == 0:
-        raise ValueError(
-            f"{_describe(source)} has {stats.packed_tokens} tokens, fewer than one row of seq_length + 1 = "
-            f"{seq_length + 1}; use a smaller seq_length or more text"
-        )
+        raise _too_little_text(source, stats, seq_length)
     needle_rows, trained = 0, None
     if kept:
         from ..eval.haystack import Haystack
@@ -105,19 +143,10 @@ def prepare_dataset(
         labels = np.where(trained, rows, -100).astype(np.int32).reshape(-1)
         columns[LABELS] = pa.FixedSizeListArray.from_arrays(pa.array(labels), row_len)
     meta = {
-        "seq_length": seq_length,
-        "source": _describe(source),
-        "tokenizer": getattr(tokenizer, "name_or_path", None),
-        "vocab_size": len(tokenizer),
-        "eos_id": eos_id,
-        "long_doc_tokens": long_doc_tokens,
-        "upsample_factor": upsample_factor,
-        "seed": seed,
-        "pack": pack,
-        "repeat": repeat,
+        **_settings(source, tokenizer, seq_length, long_doc_tokens, upsample_factor, seed, pack, repeat),
         **dataclasses.asdict(stats),
         "needle_rows": needle_rows,
-        **({f"needle_{k}": v for k, v in dataclasses.asdict(needles).items()} if needles else {}),
+        **_needle_settings(needles),
     }
     ds = datasets.Dataset(pa.table(columns), info=datasets.DatasetInfo(description=json.dumps(meta)))
     if output_dir is not None:
@@ -125,6 +154,77 @@ def prepare_dataset(
         with _datasets_progress(show_progress):
             ds.save_to_disk(output_dir)
     return ds
+
+
+def _too_little_text(source, stats: PackStats, seq_length: int) -> ValueError:
+    return ValueError(
+        f"{_describe(source)} has {stats.packed_tokens} tokens, fewer than one row of seq_length + 1 = "
+        f"{seq_length + 1}; use a smaller seq_length or more text"
+    )
+
+
+def _settings(source, tokenizer, seq_length, long_doc_tokens, upsample_factor, seed, pack, repeat) -> dict:
+    return {
+        "seq_length": seq_length,
+        "source": _describe(source),
+        "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "vocab_size": len(tokenizer),
+        "eos_id": tokenizer.eos_token_id,
+        "long_doc_tokens": long_doc_tokens,
+        "upsample_factor": upsample_factor,
+        "seed": seed,
+        "pack": pack,
+        "repeat": repeat,
+    }
+
+
+def _needle_settings(needles: NeedleMix | None) -> dict:
+    return {f"needle_{k}": v for k, v in dataclasses.asdict(needles).items()} if needles else {}
+
+
+def _read_ahead(documents: Iterable[str], limit: int) -> tuple[Iterator[str], bool]:
+    """Read ``documents`` until more than ``limit`` characters: the same documents again, and whether the
+    source is larger than that (the read-ahead text is all that is held)."""
+    head: list[str] = []
+    size = 0
+    documents = iter(documents)
+    for text in documents:
+        head.append(text)
+        size += len(text)
+        if size > limit:
+            return _replay(head, documents), True
+    return iter(head), False
+
+
+def _replay(head: list[str], rest: Iterator[str]) -> Iterator[str]:
+    """``head`` then ``rest``, letting go of each read-ahead document as it is handed on."""
+    head.reverse()
+    while head:
+        yield head.pop()
+    yield from rest
+
+
+def _prepare_streaming(documents: Iterator[str], source, tokenizer, seq_length: int, output_dir: str | None,
+                       budget: int, settings: dict):  # fmt: skip
+    """:func:`prepare_dataset`'s streamed path (``settings``: its other arguments): the dataset written to
+    ``output_dir`` and loaded from it."""
+    from .streaming import prepare_streaming
+
+    if output_dir is None:
+        output_dir = tempfile.mkdtemp(prefix="easy_context_prepared-")
+        atexit.register(shutil.rmtree, output_dir, ignore_errors=True)
+    keys = ("long_doc_tokens", "upsample_factor", "seed", "pack", "repeat")
+    meta = {
+        **_settings(source, tokenizer, seq_length, *(settings[k] for k in keys)),
+        "streamed": True,
+        "max_memory_gb": budget / 2**30,
+        **_needle_settings(settings["needles"]),
+    }
+    with _datasets_progress(settings["show_progress"]):
+        stats, _ = prepare_streaming(documents, tokenizer, seq_length, output_dir, budget, meta=meta, **settings)
+    if stats.rows == 0:
+        raise _too_little_text(source, stats, seq_length)
+    return load_saved_dataset(output_dir)
 
 
 def pack_stats(dataset) -> PackStats | None:
