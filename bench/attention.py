@@ -6,7 +6,12 @@
 Measures, for causal bf16 attention (batch 1, 32 heads, head_dim 128 by default):
 * TFLOP/s of each local kernel, forward and forward+backward (fwd+bwd counted as 3.5x the forward FLOPs);
 * the *step efficiency* of each SP schedule: its local kernel calls and merges for W virtual ranks over the
-  same total sequence (no communication), as monolithic-kernel time / schedule time.
+  same total sequence (no communication), as monolithic-kernel time / schedule time;
+* with ``--windows W ...`` (kernel fa4, the one with band blocks): causal sliding-window attention, fwd+bwd time of
+  (a) full causal attention, (b) the window computed without skipping (SDPA with a dense window mask, what
+  transformers' sdpa path runs on one GPU), (c) the window through each SP schedule on W virtual ranks (steps and
+  tasks beyond the window make no kernel call; diagonal runs longer than the window are tiled) and (d) the
+  monolithic fa4 window (the kernel's own tile skipping: the single-GPU ideal).
 """
 
 from __future__ import annotations
@@ -172,12 +177,17 @@ def _zigzag_kernels_only(kern, qs, ks, vs, ds, d):
     return run
 
 
+JSON_OUT: Path | None = None  # --json: rewritten after every row, so a run cut short keeps what it measured
+
+
 def _record(results, row):
     results.append(row)
     print(row, flush=True)
+    if JSON_OUT is not None:
+        JSON_OUT.write_text(json.dumps(results, indent=1))
 
 
-def bench_one_length(s, heads, heads_kv, d, world, results, date):
+def bench_one_length(s, heads, heads_kv, d, world, results, date, kernels=("fa4", "cudnn", "flash", "efficient")):
     dev, dtype = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(s)
     q, dout = (torch.randn(1, s, heads, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
@@ -185,7 +195,7 @@ def bench_one_length(s, heads, heads_kv, d, world, results, date):
     flops = causal_fwd_flops(1, s, heads, d)
     tag = f"S{s}/h{heads}-{heads_kv}"
     mono = {}
-    for name in ("cudnn", "flash", "efficient"):
+    for name in kernels:
         if not kernel_works(name, "cuda", dtype, d):
             continue
         kern = KERNELS[name]
@@ -196,8 +206,8 @@ def bench_one_length(s, heads, heads_kv, d, world, results, date):
                               "unit": "TFLOP/s", "seconds": t, "date": date})  # fmt: skip
     for sched, (sim, shard) in SCHEDULES.items():
         qs, ks, vs, ds = ([shard(x, r, world) for r in range(world)] for x in (q, k, v, dout))
-        for name in ("cudnn", "flash"):
-            if name not in mono:
+        for name in ("fa4", "cudnn", "flash"):
+            if name not in mono or name not in kernels:
                 continue
             kern = KERNELS[name]
             if sched == "zigzag_ring_attn":
@@ -212,6 +222,80 @@ def bench_one_length(s, heads, heads_kv, d, world, results, date):
                                   "seconds": t, "tflops": round(3.5 * flops / t / 1e12, 1), "date": date})  # fmt: skip
 
 
+def _masked_sdpa_fwd_bwd(q, k, v, dout, mask):
+    """SDPA (memory-efficient kernel) with a dense boolean mask: every tile computed, the mask applied."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rep = q.shape[2] // k.shape[2]
+    leaves = [
+        x.detach().repeat_interleave(r, 2).transpose(1, 2).requires_grad_() for x, r in ((q, 1), (k, rep), (v, rep))
+    ]
+    d_t = dout.transpose(1, 2)
+
+    def run():
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=mask)
+        out.backward(d_t)
+
+    return run
+
+
+def bench_window(s, heads, heads_kv, d, world, windows, results, date, dev="cuda"):
+    """Sliding-window fwd+bwd times at one length (see the module docstring); fa4 only (band blocks)."""
+    dtype = torch.bfloat16
+    if not kernel_works("fa4", dev, dtype, d):
+        _record(results, {"name": f"window/S{s}", "error": "fa4 unavailable: band blocks need it", "date": date})
+        return
+    fa4, scale = KERNELS["fa4"], d**-0.5
+    g = torch.Generator(device=dev).manual_seed(s)
+    q, dout = (torch.randn(1, s, heads, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
+    k, v = (torch.randn(1, s, heads_kv, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
+    tag = f"S{s}/h{heads}-{heads_kv}"
+    rec = lambda name, t, **kw: _record(results, {"name": f"window/{name}/{tag}", "value": round(t, 5),  # noqa: E731
+                                                  "unit": "s fwd+bwd", "date": date, **kw})  # fmt: skip
+    t_full = timed(_fwd_bwd(fa4, q, k, v, dout, d))
+    rec("full_causal/fa4", t_full)
+    if "cudnn" in KERNELS and kernel_works("cudnn", dev, dtype, d):
+        rec("full_causal/cudnn", timed(_fwd_bwd(KERNELS["cudnn"], q, k, v, dout, d)))
+    shards = {name: [[shard(x, r, world) for r in range(world)] for x in (q, k, v, dout)]
+              for name, (_, shard) in SCHEDULES.items()}  # fmt: skip
+    sched_full = {}
+    for name, (sim, _) in SCHEDULES.items():
+        qs, ks, vs, ds = shards[name]
+        sched_full[name] = timed(_schedule_fwd_bwd(sim, fa4, qs, ks, vs, ds, d), warmup=1, reps=3)
+        rec(f"full_causal/{name}/fa4/W{world}", sched_full[name])
+    w = max(windows)  # a dense mask computes every tile whatever the window: timed once
+    try:
+        i = torch.arange(s, device=dev)
+        mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < w)
+        t_mask = timed(_masked_sdpa_fwd_bwd(q, k, v, dout, mask), warmup=1, reps=2)
+        rec(f"w{w}/dense_mask/efficient", t_mask, speedup_vs_full=round(t_full / t_mask, 2))
+        del mask
+    except torch.OutOfMemoryError as e:
+        rec(f"w{w}/dense_mask/efficient", float("nan"), error=str(e)[:120])
+    torch.cuda.empty_cache()
+    for w in windows:
+        band = (0, w - 1)
+
+        def mono(w=w, band=band):
+            o, lse = fa4.forward(q, k, v, True, scale, band)
+            fa4.backward(dout, q, k, v, o, lse, True, scale, band)
+
+        t_mono = timed(mono)
+        rec(f"w{w}/monolithic/fa4", t_mono, speedup_vs_full=round(t_full / t_mono, 2))
+        torch.cuda.empty_cache()
+        for name, (sim, _) in SCHEDULES.items():
+            qs, ks, vs, ds = shards[name]
+
+            def run(sim=sim, qs=qs, ks=ks, vs=vs, ds=ds, w=w):
+                outs, lses = sim.virtual_forward(qs, ks, vs, fa4, scale, True, window=w)
+                sim.virtual_backward(ds, qs, ks, vs, outs, lses, fa4, scale, True, window=w)
+
+            t = timed(run, warmup=1, reps=3)
+            rec(f"w{w}/{name}/fa4/W{world}", t, speedup_vs_same_schedule_full=round(sched_full[name] / t, 2),
+                speedup_vs_full=round(t_full / t, 2), efficiency_vs_monolithic_window=round(t_mono / t, 3))  # fmt: skip
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="parity checks only")
@@ -220,17 +304,25 @@ def main():
     ap.add_argument("--heads-kv", type=int, nargs="*", default=[32])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--world", type=int, default=8, help="virtual ranks of the SP schedules")
+    ap.add_argument("--kernels", nargs="*", default=["fa4", "cudnn", "flash", "efficient"], help="kernels to time")
+    ap.add_argument("--windows", type=int, nargs="*", default=None, help="sliding windows to time (fa4)")
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args()
+    global JSON_OUT
+    JSON_OUT = Path(args.json) if args.json else None
     date = datetime.date.today().isoformat()
     results: list = [{"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date}]
     ok = True
     if args.check:
         ok = check(results)
+    elif args.windows:
+        for s in args.seqs:
+            bench_window(s, args.heads, args.heads_kv[0], args.head_dim, args.world, args.windows, results, date)
+            torch.cuda.empty_cache()
     else:
         for hkv in args.heads_kv:
             for s in args.seqs:
-                bench_one_length(s, args.heads, hkv, args.head_dim, args.world, results, date)
+                bench_one_length(s, args.heads, hkv, args.head_dim, args.world, results, date, args.kernels)
                 torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

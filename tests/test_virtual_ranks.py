@@ -155,3 +155,86 @@ def test_kernel_calls_split_over_heads_past_the_element_limit(monkeypatch, limit
     assert len(base.head_groups(q, k2, limit=18432, expands_kv=True)) == 3  # expanded K/V: 36864 -> 3 calls
     with pytest.raises(ValueError, match="sequence parallelism"):
         base.head_groups(q, k, limit=24 * 64)  # one head over 2 x 24 tokens is already past it
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("window", [3, 7, 40])
+def test_virtual_schedules_with_a_window_match_the_banded_reference(world, window):
+    """The virtual-rank schedules the GPU window benchmark times (bench/attention.py --windows) are exact."""
+    from easy_context.dist_flash_attn import simulate as dist_sim
+    from easy_context.ulysses_attn import contiguous_shard
+
+    b, s, hq, hkv, d = 1, 8 * world, 4, 2, 16
+    q, dout = _rand(b, s, hq, d, seed=21), _rand(b, s, hq, d, seed=22)
+    k, v = _rand(b, s, hkv, d, seed=23), _rand(b, s, hkv, d, seed=24)
+    i = torch.arange(s)
+    keep = (i[:, None] - i[None, :] >= 0) & (i[:, None] - i[None, :] < window)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    rep = lambda x: x.repeat_interleave(hq // hkv, 2).transpose(1, 2)  # noqa: E731
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        leaves[0].transpose(1, 2), rep(leaves[1]), rep(leaves[2]), attn_mask=keep, scale=d**-0.5
+    ).transpose(1, 2)
+    ref.backward(dout.double())
+    want = [ref.detach(), *(x.grad for x in leaves)]
+    kernel = KERNELS["cpu"]
+    for sim, shard, unshard in (
+        (None, zigzag_shard, zigzag_unshard),
+        (dist_sim, contiguous_shard, lambda xs: torch.cat(xs, 1)),
+    ):
+        parts = [[shard(x, r, world) for r in range(world)] for x in (q, k, v, dout)]
+        if sim is None:
+            outs, lses = virtual_forward(*parts[:3], kernel, d**-0.5, True, window=window)
+            grads = virtual_backward(parts[3], *parts[:3], outs, lses, kernel, d**-0.5, True, window=window)
+        else:
+            outs, lses = sim.virtual_forward(*parts[:3], kernel, d**-0.5, True, window=window)
+            grads = sim.virtual_backward(parts[3], *parts[:3], outs, lses, kernel, d**-0.5, True, window=window)
+        for got, ref_x in zip((outs, *grads), want):
+            assert rel_err(unshard(list(got)), ref_x) < 1e-5
+
+
+@pytest.mark.parametrize("window", [1, 5, 32, 45])
+def test_long_band_blocks_are_tiled_only_for_kernels_that_mask(window):
+    """A windowed causal diagonal is one band block: a kernel that skips the tiles outside a band (fa4) gets it in
+    one call, the others get diagonal tiles plus the band below each; both give the same attention."""
+    from dataclasses import replace
+
+    from easy_context.core.blockwise import (
+        Block,
+        ForwardAccumulator,
+        add_kv_grads_,
+        backward_blocks,
+        forward_blocks,
+        kernel_blocks,
+    )
+    from easy_context.core.documents import Span
+    from easy_context.core.windows import window_blocks
+
+    n, d = 200, 16
+    whole = (Span(0, 0, n),)
+    blocks = window_blocks([Block(slice(0, n), slice(0, n), True)], whole, whole, window)
+    assert len(blocks) == 1 and blocks[0].band == ((0, window - 1) if window < n else None)
+    masking, skipping = KERNELS["cpu"], replace(KERNELS["cpu"], skips_band_tiles=True)
+    assert kernel_blocks(skipping, blocks) == blocks
+    tiles = kernel_blocks(masking, blocks)
+    n_tiles = -(-n // max(window, 32))
+    assert len(tiles) == (n_tiles if window == 1 else 2 * n_tiles - 1)  # a 1-token window has no band below
+    q, k, v, dout = (_rand(1, n, 2, d, seed=30 + i) for i in range(4))
+    results = []
+    for kern in (masking, skipping):
+        acc = ForwardAccumulator(q)
+        forward_blocks(kern, q, k, v, blocks, d**-0.5, acc)
+        out, lse = acc.result(q.dtype)
+        dq = torch.zeros_like(q)
+        kv = backward_blocks(kern, dout, q, k, v, out, lse, blocks, d**-0.5, dq)
+        dkv = add_kv_grads_(torch.zeros(2, *k.shape), kv)
+        results.append((out, dq, dkv[0], dkv[1]))
+    i = torch.arange(n)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(x.transpose(1, 2) for x in leaves), attn_mask=keep, scale=d**-0.5
+    ).transpose(1, 2)
+    ref.backward(dout.double())
+    for got in results:
+        for g, want in zip(got, (ref.detach(), *(x.grad for x in leaves))):
+            assert (g.double() - want).abs().max() <= 1e-5 * max(1.0, want.abs().max())  # dq is 0 for a 1-key window

@@ -80,6 +80,16 @@ class ForwardAccumulator:
 KVGrad = tuple[slice, slice, torch.Tensor, torch.Tensor]  # (batch, k_rows, dk, dv) of one block
 
 
+def kernel_blocks(kernel: AttnKernel, blocks: list[Block]) -> list[Block]:
+    """The calls ``kernel`` makes for ``blocks``: long causal band blocks tiled unless the kernel skips the tiles
+    outside a band itself (:func:`easy_context.core.windows.tile_bands`)."""
+    if kernel.skips_band_tiles or not any(blk.band is not None and blk.causal for blk in blocks):
+        return blocks
+    from .windows import tile_bands  # windows builds on this module's Block
+
+    return tile_bands(blocks)
+
+
 def forward_blocks(
     kernel: AttnKernel,
     q: torch.Tensor,
@@ -90,7 +100,7 @@ def forward_blocks(
     acc: ForwardAccumulator,
 ) -> None:
     """Attend the local queries to one K/V shard over ``blocks``, merging into ``acc``."""
-    for blk in blocks:
+    for blk in kernel_blocks(kernel, blocks):
         b, kr = blk.batch, blk.k_rows
         out, lse = kernel.forward(q[b, blk.q_rows], k[b, kr], v[b, kr], blk.causal, scale, blk.band)
         acc.add(blk.q_rows, out, lse, b)
@@ -111,7 +121,7 @@ def backward_blocks(
     """Gradients of one K/V shard's blocks: dq is added to fp32 ``dq_acc`` (like q); returns the
     (batch, k_rows, dk, dv) of each block for the caller to add where that K/V's gradient lives."""
     kv_grads = []
-    for blk in blocks:
+    for blk in kernel_blocks(kernel, blocks):
         b, qr, kr = blk.batch, blk.q_rows, blk.k_rows
         dq, dk, dv = kernel.backward(
             dout[b, qr], q[b, qr], k[b, kr], v[b, kr], out[b, qr], lse[b, :, qr], blk.causal, scale, blk.band

@@ -13,9 +13,11 @@ computes maps its local rows to contiguous global runs (:class:`~easy_context.co
 * the piece unchanged, when every key is within the window (no mask: the fast kernel path);
 * a band block (:attr:`~easy_context.core.blockwise.Block.band`), trimmed to the query rows that have a key in it and
   the key rows some query sees, so every query row of a band block has at least one key;
-* for a causal diagonal piece longer than the window: diagonal tiles of ``max(w, MIN_TILE)`` rows (causal, banded
-  when the tile is longer than w) and, below each, the band against the previous tile; tiles further back are
-  beyond the window. Work ~1.5 n w instead of n^2 / 2, block memory O(tile^2).
+* for a causal diagonal piece longer than the window: one causal band block ``(0, w - 1)``. A kernel that skips the
+  tiles outside a band (flash-attn-4's window) computes it in one call, ~n w work; for the others
+  (:func:`tile_bands`, applied by :mod:`easy_context.core.blockwise`) it becomes diagonal tiles of
+  ``max(w, MIN_TILE)`` rows and, below each, the band against the previous tile: ~1.5 n w work, block memory
+  O(tile^2).
 
 Exact with every kernel that computes band blocks (``cpu``, ``math``), forward and backward: the backward gets the
 final merged out/LSE of the rows, as for any block.
@@ -61,20 +63,32 @@ def _pair(q: Span, k: Span, w: int, blk: Block) -> list[Block]:
 
 
 def _diagonal(q: Span, w: int, blk: Block) -> list[Block]:
-    """A causal diagonal run under window ``w``: itself when it fits, else tiles and the bands below them."""
-    if q.length <= w:
-        rows = slice(q.local, q.local + q.length)
-        return [Block(rows, rows, True, blk.batch)]
-    tile = max(w, MIN_TILE)
+    """A causal diagonal run under window ``w``: itself when it fits, else one causal band block (tiled later for
+    kernels that would compute its whole triangle: :func:`tile_bands`)."""
+    rows = slice(q.local, q.local + q.length)
+    return [Block(rows, rows, True, blk.batch, None if q.length <= w else (0, w - 1))]
+
+
+def tile_bands(blocks: Sequence[Block]) -> list[Block]:
+    """``blocks`` with every causal band block longer than its window split into diagonal tiles of
+    ``max(w, MIN_TILE)`` rows and the band below each (tiles further back are beyond the window): the same keys,
+    ~1.5 n w work and O(tile^2) memory for kernels that mask a block instead of skipping its tiles
+    (:attr:`~easy_context.kernels.base.AttnKernel.skips_band_tiles` False)."""
     out: list[Block] = []
-    prev = None
-    for first in range(0, q.length, tile):
-        cur = Span(q.local + first, q.start + first, min(tile, q.length - first))
-        rows = slice(cur.local, cur.local + cur.length)
-        out.append(Block(rows, rows, True, blk.batch, None if cur.length <= w else (0, w - 1)))
-        if prev is not None:
-            out.extend(_pair(cur, prev, w, blk))
-        prev = cur
+    for blk in blocks:
+        n = blk.q_rows.stop - blk.q_rows.start
+        if not (blk.causal and blk.band is not None and blk.band[0] == 0 and n > max(blk.band[1] + 1, MIN_TILE)):
+            out.append(blk)
+            continue
+        w, first_row = blk.band[1] + 1, blk.q_rows.start
+        tile, prev = max(w, MIN_TILE), None
+        for first in range(0, n, tile):
+            cur = Span(first_row + first, first, min(tile, n - first))
+            rows = slice(cur.local, cur.local + cur.length)
+            out.append(Block(rows, rows, True, blk.batch, None if cur.length <= w else (0, w - 1)))
+            if prev is not None:
+                out.extend(_pair(cur, prev, w, blk))
+            prev = cur
     return out
 
 

@@ -67,14 +67,15 @@ def virtual_forward(
     causal: bool,
     stats: VirtualStats | None = None,
     documents: Documents | None = None,
+    window: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-rank contiguous shards q (b, s, h, d), k/v (b, s, h_kv, d) -> per-rank out (b, s, h, d), lse (b, h, s).
 
     ``stats`` (optional) is filled with per-rank kernel calls and received messages; ``documents``: document
-    masking of the full sequence.
+    masking of the full sequence; ``window``: causal sliding window (a task beyond it makes no kernel call).
     """
     kerns = _kernels(kernel, len(qs), stats)
-    progs = [ForwardRank(q, k, v, kern, scale, causal, documents)
+    progs = [ForwardRank(q, k, v, kern, scale, causal, documents, window)
              for q, k, v, kern in zip(qs, ks, vs, kerns, strict=True)]  # fmt: skip
     _drive_virtual(progs, causal, backward=False, stats=stats)
     results = [p.result() for p in progs]
@@ -93,11 +94,12 @@ def virtual_backward(
     causal: bool,
     stats: VirtualStats | None = None,
     documents: Documents | None = None,
+    window: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Per-rank (dq, dk, dv) of :func:`virtual_forward` given its outs and lses."""
     kerns = _kernels(kernel, len(qs), stats)
     progs = [
-        BackwardRank(d, q, k, v, o, lse, kern, scale, causal, documents)
+        BackwardRank(d, q, k, v, o, lse, kern, scale, causal, documents, window)
         for d, q, k, v, o, lse, kern in zip(douts, qs, ks, vs, outs, lses, kerns, strict=True)
     ]
     _drive_virtual(progs, causal, backward=True, stats=stats)

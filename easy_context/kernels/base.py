@@ -58,6 +58,8 @@ class AttnKernel:
     ``backward(dout, q, k, v, out, lse, causal, softmax_scale, band=None) -> (dq, dk, dv)`` (dk/dv have k's heads).
     ``supports``: the variants (:data:`VARIANTS`) its ``*_impl`` take as keywords ``softcap=`` / ``band=``;
     ``softcap``: the cap bound by :meth:`with_softcap` (None: none), passed to every call.
+    ``skips_band_tiles``: a band block costs only its band (the kernel skips the tiles outside it, as flash-attention's
+    window does); else long causal band blocks are tiled before the call (:func:`easy_context.core.windows.tile_bands`).
     """
 
     name: str
@@ -66,6 +68,7 @@ class AttnKernel:
     expands_kv: bool = False  # repeats K/V to the query heads inside the call (counts toward its size)
     supports: frozenset[str] = frozenset()
     softcap: float | None = None
+    skips_band_tiles: bool = False
 
     def with_softcap(self, softcap: float | None) -> AttnKernel:
         """This kernel capping every score at ``softcap`` (``cap * tanh(s / cap)``); itself for None."""

@@ -194,4 +194,4 @@ def fa4_backward(dout, q, k, v, out, lse, causal: bool, scale: float, softcap: f
     return grads[0], grads[1], grads[2]
 
 
-FA4 = AttnKernel("fa4", fa4_forward, fa4_backward, supports=frozenset({"softcap", "band"}))
+FA4 = AttnKernel("fa4", fa4_forward, fa4_backward, supports=frozenset({"softcap", "band"}), skips_band_tiles=True)

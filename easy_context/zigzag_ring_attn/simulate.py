@@ -15,22 +15,24 @@ from .attention import step_blocks
 
 
 def virtual_forward(
-    qs, ks, vs, kernel: AttnKernel, scale: float, causal: bool = True, documents: Documents | None = None
-):
-    """Per-rank (out, lse) lists, computed step by step as the ring would (``documents``: document masking)."""
+    qs, ks, vs, kernel: AttnKernel, scale: float, causal: bool = True, documents: Documents | None = None,
+    window: int | None = None,
+):  # fmt: skip
+    """Per-rank (out, lse) lists, computed step by step as the ring would (``documents``: document masking;
+    ``window``: causal sliding window, a step beyond it makes no kernel call)."""
     world = len(qs)
     accs = [ForwardAccumulator(q) for q in qs]
     for step in range(world):
         for rank in range(world):
             src = (rank - step) % world
-            blocks = step_blocks(rank, src, world, qs[rank], causal, documents)
+            blocks = step_blocks(rank, src, world, qs[rank], causal, documents, window)
             forward_blocks(kernel, qs[rank], ks[src], vs[src], blocks, scale, accs[rank])
     results = [acc.result(q.dtype) for acc, q in zip(accs, qs)]
     return [r[0] for r in results], [r[1] for r in results]
 
 
 def virtual_backward(douts, qs, ks, vs, outs, lses, kernel: AttnKernel, scale: float, causal: bool = True,
-                     documents: Documents | None = None):  # fmt: skip
+                     documents: Documents | None = None, window: int | None = None):  # fmt: skip
     """Per-rank (dq, dk, dv) lists; dK/dV accumulate in fp32 per K/V owner, as they would on the ring."""
     world = len(qs)
     dqs = [torch.zeros(q.shape, dtype=torch.float32, device=q.device) for q in qs]
@@ -38,7 +40,7 @@ def virtual_backward(douts, qs, ks, vs, outs, lses, kernel: AttnKernel, scale: f
     for step in range(world):
         for rank in range(world):
             src = (rank - step) % world
-            blocks = step_blocks(rank, src, world, qs[rank], causal, documents)
+            blocks = step_blocks(rank, src, world, qs[rank], causal, documents, window)
             kv_grads = backward_blocks(
                 kernel, douts[rank], qs[rank], ks[src], vs[src], outs[rank], lses[rank], blocks, scale, dqs[rank]
             )
