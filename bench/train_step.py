@@ -7,11 +7,17 @@ next one starts clean::
     python bench/train_step.py --model shape:llama-2-7b --seq 16384 32768 65536 --checkpointing attn \\
         --kernel cudnn --compile --out results.jsonl
     python bench/train_step.py --model shape:llama-2-7b --seq 65536 --baseline   # stock HF sdpa + checkpointing
+    python bench/train_step.py --model shape:llama-2-7b --seq 65536 --baseline liger   # + Liger, as users apply it
 
-``--baseline`` is the reference the issue measured: transformers' own attention (``sdpa``), its own loss
-(full fp32 logits), plain per-layer checkpointing and torch AdamW. Otherwise the step is easy_context's: the
-attention through our kernel interface (``data_parallel`` backend, one GPU), the chunked LM-head loss, the
-chosen checkpointing mode (``attn`` = checkpoint-after-attention) and optionally compiled norms/MLP/RoPE.
+``--baseline`` (= ``--baseline stock``) is the reference the issue measured: transformers' own attention
+(``sdpa``), its own loss (full fp32 logits), plain per-layer checkpointing and torch AdamW. ``--baseline liger``
+is what a user assembles from transformers and Liger-Kernel: the stock model with ``sdpa``, Liger's patch for the
+model type with its defaults (``apply_liger_kernel_to_llama(model=model)``: RoPE, RMSNorm, SwiGLU and the fused
+linear cross-entropy on the hidden states and the LM-head weight) and ``model.gradient_checkpointing_enable()``.
+Otherwise the step is easy_context's: the attention through our kernel interface (``data_parallel`` backend, one
+GPU), the LM-head loss (``--loss auto``: Liger's fused kernel when liger-kernel is installed on a GPU, else the
+chunked loss; rows record the resolved name), the chosen checkpointing mode (``attn`` =
+checkpoint-after-attention) and optionally compiled norms/MLP/RoPE.
 
 MFU = (6 N + causal attention FLOPs) x tokens / step time / 989 TFLOP/s (``easy_context.training.flops``; recompute is
 not counted). ``--profile DIR`` writes a torch-profiler table (CUDA time per op) of one extra step.
@@ -27,7 +33,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from isolated_run import emit, python_command, run_isolated  # noqa: E402
+from isolated_run import ROOT, emit, python_command, run_isolated  # noqa: E402
+
+BASELINES = ("stock", "liger")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,11 +45,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     p.add_argument("--checkpointing", default="attn", help="easy_context.memory.CHECKPOINT_MODES")
     p.add_argument("--kernel", default="auto", help="local attention kernel (cudnn, flash, efficient, auto, cpu)")
-    p.add_argument("--loss", default="chunked", help="LM-head loss (chunked, plain, liger, cce)")
+    p.add_argument(
+        "--loss",
+        default="auto",
+        help="LM-head loss: auto (liger on CUDA with liger-kernel, else "
+        "chunked; resolved before the run), chunked, plain, liger, cce",
+    )
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES")
     p.add_argument("--chunked-rmsnorm", action="store_true", help="easy_context.memory.enable_chunked_rmsnorm")
     p.add_argument("--compile", action="store_true", help="torch.compile the norms, MLP and RoPE of every layer")
-    p.add_argument("--baseline", action="store_true", help="stock transformers sdpa + HF loss + checkpointing")
+    p.add_argument(
+        "--baseline",
+        nargs="?",
+        const="stock",
+        default=None,
+        choices=BASELINES,
+        help="a peer instead of ours: stock (the bare flag: transformers sdpa + HF loss + checkpointing) "
+        "or liger (stock + Liger-Kernel's patch with its defaults + HF gradient checkpointing)",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     p.add_argument("--profile", default=None, metavar="DIR", help="write a profiler table of one more step here")
@@ -67,6 +88,20 @@ def compile_layers(model) -> None:
         modeling.apply_rotary_pos_emb = torch.compile(modeling.apply_rotary_pos_emb)
 
 
+def apply_liger_peer(model) -> None:
+    """Liger-Kernel as its README has users apply it to a built model: ``apply_liger_kernel_to_<model_type>`` with
+    its defaults (for Llama: rope, rms_norm, swiglu and fused_linear_cross_entropy on; the model's ``forward``
+    then computes the loss from the hidden states and ``lm_head.weight`` without logits)."""
+    try:
+        import liger_kernel.transformers as liger
+    except ImportError as exc:
+        raise ImportError(f"--baseline liger needs liger-kernel: pip install liger-kernel ({exc})") from exc
+    patch = getattr(liger, f"apply_liger_kernel_to_{model.config.model_type}", None)
+    if patch is None:
+        raise ValueError(f"liger-kernel has no apply_liger_kernel_to_{model.config.model_type}")
+    patch(model=model)
+
+
 def build(args, seq: int):
     import torch
 
@@ -83,7 +118,11 @@ def build(args, seq: int):
     model.train()
     if args.baseline:
         model.set_attn_implementation("sdpa")
-        apply_checkpointing(model, "full")
+        if args.baseline == "liger":
+            apply_liger_peer(model)
+            model.gradient_checkpointing_enable()
+        else:
+            apply_checkpointing(model, "full")
         return model, None, device
     SPConfig("data_parallel", kernel=args.kernel).attach(model, through_easy_context=True)  # our kernel interface
     apply_checkpointing(model, args.checkpointing)
@@ -153,6 +192,8 @@ def run_worker(args) -> dict:
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__,
     }
+    if "liger_kernel" in sys.modules:
+        result["liger_kernel"] = _version("liger-kernel")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -169,7 +210,20 @@ def run_worker(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ parent
+def _version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def config_of(args) -> dict:
+    if args.baseline == "liger":
+        return {"peer": "liger", "attention": "hf sdpa",
+                "loss": "liger fused linear CE (apply_liger_kernel_to_<model> defaults: rope, rms_norm, swiglu, flce)",
+                "checkpointing": "hf gradient_checkpointing_enable()", "compile": False}  # fmt: skip
     if args.baseline:
         return {"attention": "hf sdpa", "loss": "hf (fp32 logits)", "checkpointing": "full", "compile": False}
     return {
@@ -187,12 +241,34 @@ def main(argv=None) -> None:
         emit(run_worker(args))
         return
     argv = list(sys.argv[1:] if argv is None else argv)
+    requested = args.loss
+    if not args.baseline:  # once, here: every run and its row get the concrete loss
+        argv = resolve_loss_flag(args, argv)
     for seq in args.seq:
         child = [a for i, a in enumerate(argv) if a != "--seq" and not _is_seq_value(argv, i)]
         row = {"name": "train_step", "model": args.model, "label": args.label, **config_of(args), "seq": seq,
                "command": "python bench/train_step.py " + " ".join(child) + f" --seq {seq}"}  # fmt: skip
+        if requested != args.loss:
+            row["loss_requested"] = requested
         cmd = python_command(os.path.abspath(__file__), [*child, "--seq", str(seq), "--worker"])
         run_isolated(cmd, row, args.timeout, args.out)
+
+
+def resolve_loss_flag(args, argv: list[str]) -> list[str]:
+    """``argv`` with ``--loss`` replaced by the concrete loss for this machine (``auto`` resolved), which is also
+    set on ``args``; a CUDA-only loss that cannot run here stops with one line."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from easy_context.loss import resolve_loss_impl
+
+    try:
+        args.loss, why = resolve_loss_impl(args.loss)
+    except (ImportError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    print(f"loss: {why}", flush=True)
+    kept = [a for i, a in enumerate(argv) if not a.startswith("--loss=") and a != "--loss"
+            and not (i > 0 and argv[i - 1] == "--loss")]  # fmt: skip
+    return [*kept, "--loss", args.loss]
 
 
 def _is_seq_value(argv: list[str], i: int) -> bool:

@@ -35,11 +35,12 @@ from easy_context.core.groups import collective_timeout, launch_error
 from easy_context.core.registry import add_backend_args, option_values, unknown_mode_error
 from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
 from easy_context.loss import (
-    HEAD_LOSS_IMPLS,
+    LOSS_CHOICES,
     CausalLMWithLoss,
     all_reduce_count,
     global_mean_for_logging,
     global_mean_loss,
+    resolve_loss_impl,
 )
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
@@ -77,6 +78,7 @@ def main(argv=None) -> None:
             print(f"nothing to train: {'resumed at' if args.resume_from else 'at'} step {start_step} of "
                   f"{args.max_train_steps}{until}")  # fmt: skip
         return
+    args.loss = resolve_loss(args, accelerator)  # "auto" made concrete once: run_config.json records what runs
     set_seed(args.seed)
     sp = sp_config(args)  # the backend, its options, the kernel and this rank's place: every layout question
 
@@ -266,7 +268,13 @@ def build_parser() -> cli.ArgumentParser:
         help="RMSNorms without fp32 (seq, hidden) copies (same values; the long-context memory peak)",
     )
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
-    p.add_argument("--loss", default="chunked", choices=HEAD_LOSS_IMPLS, help="LM head + cross-entropy implementation")
+    p.add_argument(
+        "--loss",
+        default="auto",
+        choices=LOSS_CHOICES,
+        help="LM head + cross-entropy implementation "
+        "(auto: liger on a CUDA GPU with liger-kernel installed, else chunked; the same loss either way)",
+    )
     p.add_argument(
         "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model weights and compute dtype"
     )
@@ -377,6 +385,16 @@ def check_launch(accelerator: Accelerator, args) -> None:
     warning = cpu_defaults_warning(accelerator.device, args)
     if accelerator.is_main_process and warning:
         print(warning, file=sys.stderr)
+
+
+def resolve_loss(args, accelerator: Accelerator) -> str:
+    """The concrete ``--loss`` for this run's device (printed once); a CUDA-only loss on CPU or without its package
+    exits with one line naming the fix."""
+    with exit_on(ImportError, ValueError):
+        impl, why = resolve_loss_impl(args.loss, accelerator.device)
+    if accelerator.is_main_process:
+        print(f"loss: {why}")
+    return impl
 
 
 def cpu_defaults_warning(device: torch.device, args) -> str | None:

@@ -7,6 +7,8 @@
     loss_sum, n = linear_cross_entropy(hidden, lm_head.weight, targets)     # (B, S_local, H), (B, S_local)
     loss = global_mean_loss(loss_sum, n, grad_average_world=world_size)    # backward this
     logged = global_mean_for_logging(loss_sum, n)                           # report this
+
+    impl, why = resolve_loss_impl("auto", device)   # "liger" on CUDA with liger-kernel installed, else "chunked"
 """
 
 from .chunked_ce import (
@@ -23,6 +25,7 @@ from .fused_ce import (
 )
 from .global_loss import all_reduce_count, count_valid_targets, global_mean_for_logging, global_mean_loss
 from .lm_head import HEAD_LOSS_IMPLS, CausalLMWithLoss, LMHeadWithLoss
+from .select import LOSS_CHOICES, resolve_loss_impl
 
 __all__ = [
     "HEAD_LOSS_IMPLS",
@@ -31,6 +34,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "IGNORE_INDEX",
     "LCE_IMPLS",
+    "LOSS_CHOICES",
     "all_reduce_count",
     "cce_linear_cross_entropy",
     "chunked_linear_cross_entropy",
@@ -40,4 +44,5 @@ __all__ = [
     "liger_linear_cross_entropy",
     "linear_cross_entropy",
     "plain_linear_cross_entropy",
+    "resolve_loss_impl",
 ]

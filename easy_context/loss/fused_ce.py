@@ -8,9 +8,11 @@
 
 Every implementation returns ``(loss_sum, num_valid)``: the SUM of the per-token losses over the targets
 that are not ``ignore_index`` and their count (int64), the inputs of :func:`global_mean_loss`.
+``--loss auto`` (:mod:`easy_context.loss.select`) picks ``liger`` on a CUDA device with liger-kernel installed,
+``chunked`` otherwise.
 
-NOTE: the ``liger`` and ``cce`` wrappers are untested here (they need a CUDA GPU and are not installed in
-CI); they only call those packages' documented functional APIs with ``reduction="sum"``.
+The ``liger`` wrapper's arguments are tested on CPU against a stand-in of liger's functional and its kernels on
+the GPU (bench/loss_kernels.py); ``cce`` only calls that package's documented API with ``reduction="sum"``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ import torch
 from .chunked_ce import (
     DEFAULT_CHUNK_SIZE,
     IGNORE_INDEX,
+    _autocast_inputs,
+    _check,
+    _flatten,
     chunked_linear_cross_entropy,
     plain_linear_cross_entropy,
 )
 
 LCE_IMPLS = ("chunked", "plain", "liger", "cce")
+LIGER_DEVICE_TYPES = ("cuda",)  # Liger's Triton kernels (ROCm GPUs are "cuda" devices in torch too)
 
 
 def _import(module: str, attr: str, pip_name: str, impl: str):
@@ -53,11 +59,31 @@ def liger_linear_cross_entropy(
     chunk_size: int | None = None,
     logit_softcapping: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Liger-Kernel fused linear CE (CUDA). ``chunk_size`` is ignored (Liger picks its own). Untested here."""
+    """Liger-Kernel's fused linear CE (CUDA) as ``(loss_sum, num_valid)``, the math of the chunked loss.
+
+    Same contract as :func:`~easy_context.loss.chunked_ce.chunked_linear_cross_entropy`: ``reduction="sum"``
+    over the targets that are not ``ignore_index`` (exactly 0, with zero gradients, when none is valid: Liger
+    skips ignored rows and only a "mean" divides by the count); under autocast the inputs are cast as
+    ``lm_head`` would be run; the logits are the matmul in the inputs' dtype, the softmax and the soft cap fp32
+    (inside Liger's kernel); ``d_weight``/``d_bias`` are accumulated over Liger's chunks in fp32
+    (``accum_dtype=torch.float32``; Liger's default sums them in the parameters' dtype) and returned in that
+    dtype. ``chunk_size`` is ignored (Liger sizes its chunks from V / H).
+    """
     del chunk_size
     fn = _import("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy", "liger-kernel", "liger")
-    h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    loss_sum = fn(h, weight, t, bias=bias, ignore_index=ignore_index, reduction="sum", softcap=logit_softcapping)
+    hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
+    _check(hidden, weight, bias, logit_softcapping)
+    if hidden.device.type not in LIGER_DEVICE_TYPES:
+        raise ValueError(
+            f"loss 'liger' runs on CUDA GPUs only (hidden is on {hidden.device.type}); use impl 'chunked' (or 'auto')"
+        )
+    h, t = _flatten(hidden, targets)
+    params_need_grad = weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and params_need_grad and not h.requires_grad:
+        h = h.detach().requires_grad_()  # Liger computes d_weight/d_bias only when its input needs a gradient
+    with torch.autocast(device_type=h.device.type, enabled=False):  # the inputs are already in the autocast dtype
+        loss_sum = fn(h, weight, t, bias=bias, ignore_index=ignore_index, reduction="sum", softcap=logit_softcapping,
+                      accum_dtype=torch.float32)  # fmt: skip
     return loss_sum.float(), _count(t, ignore_index)
 
 

@@ -31,13 +31,22 @@ def _flash_attn_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tu
     return loss, (targets != IGNORE_INDEX).sum()
 
 
+def _resolve(impl: str) -> str:
+    """``impl`` checked, ``"auto"`` made concrete for this machine (:func:`easy_context.loss.select.resolve_loss_impl`;
+    a run that trains elsewhere than on the machine's GPU resolves with its device first, as train.py does)."""
+    from .select import resolve_loss_impl  # select imports this module
+
+    return resolve_loss_impl(impl)[0]
+
+
 class LMHeadWithLoss(nn.Module):
-    """``head(hidden)`` -> logits (b, s, V); ``head(hidden, targets)`` -> (loss_sum fp32, n_valid int64)."""
+    """``head(hidden)`` -> logits (b, s, V); ``head(hidden, targets)`` -> (loss_sum fp32, n_valid int64).
+
+    ``impl``: one of :data:`HEAD_LOSS_IMPLS` or ``"auto"`` (made concrete here; ``self.impl`` is what runs)."""
 
     def __init__(self, head: nn.Linear, impl: str = "chunked", chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
-        if impl not in HEAD_LOSS_IMPLS:
-            raise ValueError(f"unknown loss {impl!r}; choose one of {HEAD_LOSS_IMPLS}")
+        impl = _resolve(impl)
         self.weight = head.weight  # the same Parameter objects: keys, tying and optimizer state unchanged
         self.bias = getattr(head, "bias", None)
         self.impl, self.chunk_size = impl, chunk_size
@@ -65,6 +74,7 @@ class CausalLMWithLoss(nn.Module):
 
     def __init__(self, model: nn.Module, impl: str = "chunked", chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
+        impl = _resolve(impl)  # "auto" once, here: self.impl is what runs
         for attr in ("logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier_scale"):
             if getattr(model.config, attr, None) not in (None, 1, 1.0):
                 raise NotImplementedError(
@@ -73,9 +83,9 @@ class CausalLMWithLoss(nn.Module):
         head = model.get_output_embeddings()
         if not isinstance(head, LMHeadWithLoss):
             model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
-        self.model = model
+        self.model, self.impl = model, model.get_output_embeddings().impl
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        if self.softcap and impl == "flash_attn":
+        if self.softcap and self.impl == "flash_attn":
             raise NotImplementedError("loss 'flash_attn' cannot apply final_logit_softcapping; use --loss chunked")
         # FSDP's auto-wrap policy and DeepSpeed's "auto" bucket sizes look at the root module
         self._no_split_modules = getattr(model, "_no_split_modules", None)
