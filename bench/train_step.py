@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES")
     p.add_argument("--chunked-rmsnorm", action="store_true", help="easy_context.memory.enable_chunked_rmsnorm")
     p.add_argument("--compile", action="store_true", help="torch.compile the norms, MLP and RoPE of every layer")
+    p.add_argument("--compile-mlp", default="split", choices=["split", "whole"],
+                   help="--compile: the MLP's gated product only, the down projection eager (its recompute is then "
+                        "skipped under checkpointing), or the whole MLP")  # fmt: skip
     p.add_argument(
         "--baseline",
         nargs="?",
@@ -74,18 +77,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------------ worker
-def compile_layers(model) -> None:
-    """Regional torch.compile of what is elementwise-bound in each decoder layer: both RMSNorms, the MLP
-    (SiLU x up fused) and RoPE. Attention and the checkpointing wrappers stay eager."""
-    import torch
+def compile_layers(model, split_mlp: bool = True) -> dict:
+    """Regional torch.compile (easy_context.training.compile.compile_regions): norms, the MLP's gated product (the
+    whole MLP with --compile-mlp whole) and RoPE; attention and the checkpointing wrappers stay eager."""
+    from easy_context.training.compile import compile_regions
 
-    for layer in model.get_decoder().layers:
-        for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
-            getattr(layer, name).compile()
-    model.get_decoder().norm.compile()
-    modeling = sys.modules[type(model.get_decoder().layers[0].self_attn).__module__]
-    if hasattr(modeling, "apply_rotary_pos_emb"):
-        modeling.apply_rotary_pos_emb = torch.compile(modeling.apply_rotary_pos_emb)
+    return compile_regions(model, split_mlp=split_mlp)
 
 
 def apply_liger_peer(model) -> None:
@@ -131,7 +128,7 @@ def build(args, seq: int):
     if args.chunked_rmsnorm:
         enable_chunked_rmsnorm(model)
     if args.compile:
-        compile_layers(model)
+        compile_layers(model, split_mlp=args.compile_mlp == "split")
     return model, CausalLMWithLoss(model, impl=args.loss), device
 
 
@@ -231,7 +228,7 @@ def config_of(args) -> dict:
         "loss": args.loss,
         "checkpointing": args.checkpointing,
         "tiled_mlp": args.tiled_mlp,
-        "compile": args.compile,
+        "compile": args.compile and args.compile_mlp,
     }
 
 

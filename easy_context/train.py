@@ -45,6 +45,7 @@ from easy_context.loss import (
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
 from easy_context.sp_config import SPConfig, resolve_sp_config
+from easy_context.training.compile import compile_regions
 from easy_context.training.deepspeed_precision import deepspeed_precision_error
 from easy_context.training.metrics import MetricsLogger
 from easy_context.training.optim import OPTIMIZERS, build_optimizer
@@ -269,6 +270,12 @@ def build_parser() -> cli.ArgumentParser:
     )
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the norms, the MLPs' gated products and RoPE of every layer (attention and the "
+        "down projections stay eager: easy_context/training/compile.py); not under DeepSpeed",
+    )
+    p.add_argument(
         "--loss",
         default="auto",
         choices=LOSS_CHOICES,
@@ -382,6 +389,9 @@ def check_launch(accelerator: Accelerator, args) -> None:
     error = deepspeed_precision_error(accelerator, getattr(torch, args.dtype))  # ZeRO-3 builds in that precision
     if error:
         sys.exit(f"error: --dtype {args.dtype}: {error}")
+    if args.compile and accelerator.state.deepspeed_plugin is not None:
+        sys.exit("error: --compile is not supported under DeepSpeed (its parameter hooks run inside the compiled "
+                 "regions; untested): drop --compile, or use FSDP2 / DDP")  # fmt: skip
     warning = cpu_defaults_warning(accelerator.device, args)
     if accelerator.is_main_process and warning:
         print(warning, file=sys.stderr)
@@ -496,6 +506,8 @@ def build_model(args, tokenizer, sp: SPConfig):
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     if args.chunked_rmsnorm:
         enable_chunked_rmsnorm(model)
+    if args.compile:
+        compile_regions(model)
     return model
 
 
