@@ -2,10 +2,10 @@
 attention sinks and causal sliding windows (Mistral, Qwen2, Gemma 2/3, gpt-oss), forward and backward.
 
 Attention level: out, dq, dk, dv (and the sinks' gradient) of each variant under each backend equal an fp64 reference
-with transformers' conventions, on 2 ranks (4 for USP with a ring of 2, zigzag and DistFlashAttn). Block level: the
-window's cut of every zigzag step and DistFlashAttn task covers exactly the window mask, once, and steps beyond the
-window make no kernel call. Model level: tiny Gemma 2, Gemma 3, gpt-oss and Mistral with a window shorter than a
-rank's chunk match the single-process eager transformers model (logits and every gradient) on 2 ranks.
+with transformers' conventions, on 2, 3 and 4 ranks. Block level: the window's cut of every zigzag step and
+DistFlashAttn task covers exactly the window mask, once, and steps beyond the window make no kernel call. Model level:
+tiny Gemma 2, Gemma 3, gpt-oss, Mistral with a window shorter than a rank's chunk and DeepSeek-V3 (MLA) match the
+single-process eager transformers model (logits and every gradient) under every backend on 2, 3 and 4 ranks.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from easy_context.kernels import VariantError, get_kernel
 from easy_context.zigzag_ring_attn.attention import step_blocks
 from easy_context.zigzag_ring_attn.prepare_inputs import zigzag_spans
 from tests.reference import rel_err
-from tests.test_hf_models import ALGOS, model_parity_worker
+from tests.test_hf_models import models_parity_worker
 
-BACKENDS = [*ALGOS, ("data_parallel", {})]
 CASES = {  # name -> (attn keywords, causal); "sinks" stands for a (heads,) tensor
     "softcap": ({"softcap": 2.0}, True),
     "softcap-full": ({"softcap": 2.0}, False),
@@ -66,9 +65,10 @@ def variants_worker(rank, world, algo, opts, cases):
     warnings.simplefilter("ignore")  # math-kernel notices for soft-capping on CPU
     g = torch.Generator().manual_seed(5)
     seq = 32 * world
-    q, dout = torch.randn(2, seq, 4, 8, generator=g), torch.randn(2, seq, 4, 8, generator=g)
-    k, v = torch.randn(2, seq, 2, 8, generator=g), torch.randn(2, seq, 2, 8, generator=g)
-    sinks = torch.randn(4, generator=g)
+    hq, hkv = (6, 3) if world == 3 else (4, 2)  # Ulysses splits the heads over the world
+    q, dout = torch.randn(2, seq, hq, 8, generator=g), torch.randn(2, seq, hq, 8, generator=g)
+    k, v = torch.randn(2, seq, hkv, 8, generator=g), torch.randn(2, seq, hkv, 8, generator=g)
+    sinks = torch.randn(hq, generator=g)
     shard_opts = {k_: v_ for k_, v_ in opts.items() if k_ != "kernel"}
 
     def local(x):
@@ -97,19 +97,18 @@ def variants_worker(rank, world, algo, opts, cases):
     return results
 
 
-WORLDS = [(algo, opts, 2) for algo, opts in BACKENDS if algo != "usp_attn"]
-WORLDS += [
-    ("usp_attn", {"ring_degree": 2}, 4),
-    ("zigzag_ring_attn", {}, 4),
-    ("dist_flash_attn", {}, 4),
-    ("ulysses_attn", {}, 4),
-]  # 2 KV heads over 4 ranks: replicated
+# every backend on 2, 3 and 4 ranks (6 query / 3 K/V heads on 3, else 4 / 2: replicated K/V under Ulysses on 4);
+# USP: on 2 and 3 ranks a ring x Ulysses grid is degenerate (2 = 1 x 2 or 2 x 1, 3 prime): both factorisations;
+# on 4 the 2 x 2 grid. data_parallel attends locally: the world size does not enter.
+WORLDS = [(algo, {}, w) for w in (2, 3, 4) for algo in ("zigzag_ring_attn", "dist_flash_attn", "ulysses_attn")]
+WORLDS += [("usp_attn", {"ring_degree": r}, w) for w, r in ((2, 1), (2, 2), (3, 1), (3, 3), (4, 2))]
+WORLDS += [("data_parallel", {}, 2)]
 
 
-@pytest.mark.parametrize("algo,opts,world", WORLDS, ids=[f"{a}-w{w}" for a, _, w in WORLDS])
+@pytest.mark.parametrize("algo,opts,world", WORLDS, ids=[f"{a}-{o.get('ring_degree', '')}w{w}" for a, o, w in WORLDS])
 def test_variants_match_reference(dist_pool, algo, opts, world):
     """Soft-capping, sinks (with their gradient), windows of 3 / 20 / 70 tokens (shorter than a zigzag half chunk,
-    between, longer than a rank's chunk) and all three at once, causal and full where they apply."""
+    between, longer than a rank's chunk) and all three at once, causal and full where they apply, in one call."""
     results = dist_pool(world).run(variants_worker, algo, opts, list(CASES))
     for rank, per_case in enumerate(results):
         for case, errs in per_case.items():
@@ -188,28 +187,21 @@ def test_kernels_name_the_kernel_that_can():
         ec.get_attn_func("data_parallel")(q, q, q, sinks=torch.zeros(3))
 
 
-VARIANT_MODELS = ["gemma2", "gemma3_text", "gpt_oss", "mistral_sliding"]
+VARIANT_MODELS = ["gemma2", "gemma3_text", "gpt_oss", "mistral_sliding", "deepseek_v3"]
+MODEL_WORLDS = [(algo, {}, w) for w in (2, 3, 4) for algo in ("zigzag_ring_attn", "dist_flash_attn", "ulysses_attn")]
+MODEL_WORLDS += [("usp_attn", {"ring_degree": r}, w) for w, r in ((2, 1), (3, 1), (3, 3), (4, 2))]
+MODEL_WORLDS += [("data_parallel", {"always": True}, 2)]  # our local attention (kernel auto), not the model's own
 
 
-@pytest.mark.parametrize("model_type", VARIANT_MODELS)
-@pytest.mark.parametrize("algo,opts", ALGOS, ids=[a for a, _ in ALGOS])
-def test_variant_model_parity(dist_pool, algo, opts, model_type):
+@pytest.mark.parametrize("algo,opts,world", MODEL_WORLDS, ids=[f"{a}-{o.get('ring_degree', '')}w{w}"
+                                                               for a, o, w in MODEL_WORLDS])  # fmt: skip
+def test_variant_model_parity(dist_pool, algo, opts, world):
     """Tiny Gemma 2 (soft-cap 5 + 5-token window on alternate layers), Gemma 3 (window layers), gpt-oss (window
-    layers + sinks) and Mistral (window 5) under each SP backend on 2 ranks (12 tokens each, zigzag halves of 6):
-    logits and every parameter gradient equal the single-process eager transformers model."""
-    opts = {"ring_degree": 1} if algo == "usp_attn" else opts
-    for rank, errs in enumerate(dist_pool(2).run(model_parity_worker, algo, opts, model_type)):
-        worst = max(errs, key=errs.get)
-        assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
-
-
-WIDE = [("zigzag_ring_attn", {}), ("dist_flash_attn", {}), ("usp_attn", {"ring_degree": 2})]
-
-
-@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
-@pytest.mark.parametrize("algo,opts", WIDE, ids=[a for a, _ in WIDE])
-def test_variant_model_parity_4_ranks(dist_pool, algo, opts, model_type):
-    """The same parity on 4 ranks (the window shorter than a rank's chunk, USP as a 2-ring x 2-Ulysses grid)."""
-    for rank, errs in enumerate(dist_pool(4).run(model_parity_worker, algo, opts, model_type)):
-        worst = max(errs, key=errs.get)
-        assert errs[worst] < 2e-5, f"rank {rank}: {worst} rel err {errs[worst]:.2e}"
+    layers + sinks), Mistral (window 5) and DeepSeek-V3 (MLA: Q/K heads of 24 dims, V heads of 16; MoE) under each
+    backend on 2, 3 and 4 ranks (12 tokens per rank, zigzag halves of 6: the window is shorter than a rank's chunk;
+    6 query / 3 K/V heads on 3 ranks), all five models in one distributed call: logits and every parameter gradient
+    equal the single-process eager transformers model."""
+    for rank, per_model in enumerate(dist_pool(world).run(models_parity_worker, algo, opts, VARIANT_MODELS)):
+        for model_type, errs in per_model.items():
+            worst = max(errs, key=errs.get)
+            assert errs[worst] < 2e-5, f"{model_type} rank {rank}: {worst} rel err {errs[worst]:.2e}"

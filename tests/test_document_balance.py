@@ -1,6 +1,7 @@
 """Balancing packed documents over the ring (easy_context/document_order.py): the cost model against the schedules'
 blocks, the order's gain on the benchmark's length mix, whole documents moved token for token, and the exactness of
-the reorder (loss and every gradient) on one process and under zigzag ring attention on 2 and 4 gloo ranks."""
+the reorder (loss and every gradient) on one process and under zigzag, DistFlashAttn (2 and 4 gloo ranks) and USP
+(4 ranks)."""
 
 from __future__ import annotations
 
@@ -267,12 +268,12 @@ def sp_worker(rank, world, algo, opts):
     return moved, errs
 
 
-@pytest.mark.parametrize("algo", ["zigzag_ring_attn", "dist_flash_attn"])
-def test_balanced_batch_under_sequence_parallelism(dist_pool, algo):
-    """2 gloo ranks (the pool of tests/test_documents.py; 4 ranks cost ~25 s more here and test nothing new: the
-    order and the sharding are the same functions for any W, and the backends' 4-rank document parity is
-    tests/test_documents.py's)."""
-    for rank, (moved, errs) in enumerate(dist_pool(2).run(sp_worker, algo, {})):
+@pytest.mark.parametrize("algo,world", [("zigzag_ring_attn", 2), ("dist_flash_attn", 2), ("zigzag_ring_attn", 4),
+                                        ("dist_flash_attn", 4), ("usp_attn", 4)])  # fmt: skip
+def test_balanced_batch_under_sequence_parallelism(dist_pool, algo, world):
+    """The balanced batch sharded over 2 and 4 gloo ranks (USP: its zigzag ring of 2 x Ulysses 2) gives the original
+    batch's loss and every gradient on one process."""
+    for rank, (moved, errs) in enumerate(dist_pool(world).run(sp_worker, algo, {})):
         assert moved, "the balanced batch must differ from the original"
         worst = max(errs, key=errs.get)
         assert errs["count"] == 0 and errs[worst] < 2e-5, f"rank {rank}: {worst} {errs[worst]:.2e}"

@@ -36,12 +36,23 @@ def _token_loss_sum(logits, targets):
     )
 
 
+def heads_for(world: int) -> dict[str, int]:
+    """Tiny-model head counts every backend can split on ``world`` ranks: 4 query / 2 K/V heads, 6 / 3 (hidden 96)
+    on 3 ranks (Ulysses needs the heads divisible by the world; head dim 16 either way)."""
+    return {"heads": 6, "kv_heads": 3, "hidden_size": 96} if world == 3 else {}
+
+
 def model_parity_worker(rank, world, algo, opts, model_type, checkpoint_every=None):
-    ref_model = tiny_model(model_type, **({"num_hidden_layers": 5} if checkpoint_every else {}))
+    """Logits and every parameter gradient of the patched tiny model on this rank's shard against the
+    single-process model; ``opts`` may hold the patch's ``kernel`` / ``always`` (data_parallel)."""
+    overrides = {**heads_for(world), **({"num_hidden_layers": 5} if checkpoint_every else {})}
+    ref_model = tiny_model(model_type, **overrides)
+    shard_opts = {k: v for k, v in opts.items() if k not in ("kernel", "always")}
+    sharded = ec.get_seq_algo(algo).distributed
     inputs, targets = _batch(world)
-    # the last rank's shard gets no valid target at all (it must contribute 0, never NaN)
-    last = ec.extract_local(algo, torch.arange(inputs.shape[1])[None], world - 1, world, **opts)[0]
-    targets[:, last] = -100
+    if sharded:  # the last rank's shard gets no valid target at all (it must contribute 0, never NaN)
+        last = ec.extract_local(algo, torch.arange(inputs.shape[1])[None], world - 1, world, **shard_opts)[0]
+        targets[:, last] = -100
     positions = torch.arange(inputs.shape[1]).expand_as(inputs)
     ref_logits = ref_model(inputs, position_ids=positions).logits
     n_valid = (targets != -100).sum()
@@ -50,24 +61,31 @@ def model_parity_worker(rank, world, algo, opts, model_type, checkpoint_every=No
     sp_model = copy.deepcopy(ref_model)
     sp_model.zero_grad(set_to_none=True)
     ec.apply_seq_parallel_monkey_patch(algo, sp_model, **opts)
+    assert sp_model.config._attn_implementation.startswith("easy_context_"), "not patched: nothing would be tested"
     if checkpoint_every:  # strided checkpointing: regenerating forwards run the SP collectives inside the backward
         from easy_context.memory import apply_checkpointing
 
         apply_checkpointing(sp_model.train(), "full", checkpoint_every=checkpoint_every)
-    local = ec.prepare_seq_parallel_inputs(algo, inputs, positions, targets, rank, world, "cpu", **opts)
+    local = ec.prepare_seq_parallel_inputs(algo, inputs, positions, targets, rank, world, "cpu", **shard_opts)
     logits = sp_model(local["local_input_ids"], position_ids=local["local_position_ids"]).logits
     loss_sum = _token_loss_sum(logits, local["local_target_ids"])
-    count = (local["local_target_ids"] != -100).sum()
-    global_count = count.clone()
-    dist.all_reduce(global_count)
+    global_count = (local["local_target_ids"] != -100).sum()
+    if sharded:
+        dist.all_reduce(global_count)
     (loss_sum / global_count).backward()
     assert torch.isfinite(loss_sum)
-    errs = {"logits": rel_err(logits, ec.extract_local(algo, ref_logits.detach(), rank, world, **opts))}
+    errs = {"logits": rel_err(logits, ec.extract_local(algo, ref_logits.detach(), rank, world, **shard_opts))}
     for (name, p), (_, p_ref) in zip(sp_model.named_parameters(), ref_model.named_parameters()):
         grad = p.grad.clone()
-        dist.all_reduce(grad)  # the gradient of the global loss is the sum over SP ranks
+        if sharded:
+            dist.all_reduce(grad)  # the gradient of the global loss is the sum over SP ranks
         errs[name] = rel_err(grad, p_ref.grad)
     return errs
+
+
+def models_parity_worker(rank, world, algo, opts, model_types):
+    """:func:`model_parity_worker` for several model types in one distributed call: {model type: errors}."""
+    return {m: model_parity_worker(rank, world, algo, opts, m) for m in model_types}
 
 
 @pytest.mark.parametrize("world", [2, 4])
