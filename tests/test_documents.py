@@ -606,3 +606,20 @@ def test_train_with_packed_documents(packed_dirs, tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_data_parallel_masks_documents_where_transformers_does_not():
+    """gpt-oss's own attention ignores position_ids in its masks (above): data_parallel with the default kernel routes
+    it through easy_context's attention, so a packed batch equals each document alone, as under every SP backend."""
+    from easy_context.hf.patch import OWN_MASKS_IGNORE_POSITION_IDS
+
+    assert set(ACROSS_IN_TRANSFORMERS) <= OWN_MASKS_IGNORE_POSITION_IDS
+    inputs, positions, targets = _packed_batch(2)
+    model = tiny_model("gpt_oss")
+    with pytest.warns(UserWarning, match="ignores position_ids"):
+        ec.apply_seq_parallel_monkey_patch("data_parallel", model)
+    assert model.config._attn_implementation.startswith("easy_context_data_parallel")
+    with torch.no_grad():
+        packed = model(inputs, position_ids=positions, use_cache=False).logits
+        alone = model_per_document_reference(model, inputs, positions, targets, backward=False)
+    assert rel_err(packed, alone) < 1e-5

@@ -15,6 +15,7 @@ attends across them), so that combination is refused rather than guessed.
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -109,17 +110,31 @@ def _patch_post_init() -> None:
     _POST_INIT_PATCHED = True
 
 
+# Model types whose own (eager/sdpa) attention in transformers builds its masks without position_ids, so packed
+# documents attend across each other on one process (gpt-oss: 1.09 relative logit error against each document alone,
+# tests/test_documents.py test_transformers_masks_documents pins the list). data_parallel routes them through
+# easy_context's attention, which masks documents as every SP backend does (and as their flash-attention path does).
+OWN_MASKS_IGNORE_POSITION_IDS = frozenset({"gpt_oss", "afmoe"})
+
+
 def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str, always: bool = False, **options: Any):
     """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
 
     ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
-    leaves the model's own attention untouched unless a named ``kernel`` (not ``"auto"``) is given or ``always``;
-    then the model attends through easy_context's local-kernel interface (checkpoint-after-attention needs it).
+    leaves the model's own attention untouched unless a named ``kernel`` (not ``"auto"``) is given or ``always``
+    (or the model type is in :data:`OWN_MASKS_IGNORE_POSITION_IDS`); then the model attends through easy_context's
+    local-kernel interface (checkpoint-after-attention needs it).
     Returns the model (None for a model-type string).
     """
     algo = get_seq_algo(seq_algo)
     algo.attn_func(**options)  # validates the options now, not at the first forward
     patches = algo.distributed or always or options.get("kernel", "auto") != "auto"
+    model_type = model if isinstance(model, str) else getattr(getattr(model, "config", None), "model_type", None)
+    if not patches and model_type in OWN_MASKS_IGNORE_POSITION_IDS:
+        patches = True
+        warnings.warn(f"{model_type}: transformers' own attention ignores position_ids when it builds its masks "
+                      "(packed documents would attend across each other); data_parallel runs easy_context's "
+                      "attention, which masks each document", stacklevel=2)  # fmt: skip
     if isinstance(model, str):
         if patches:
             _TYPE_PATCHES[model] = (seq_algo, dict(options))
