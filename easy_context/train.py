@@ -460,7 +460,7 @@ def sp_config(args) -> SPConfig:
     """The run's SP setup, resolved once (:func:`~easy_context.sp_config.resolve_sp_config`; one process gets a
     process group of one, so the SP code runs unchanged); a bad flag exits with one line naming it."""
     options = backend_options(args)
-    with exit_on(ValueError, flag=f"--sp-size {args.sp_size}: "):
+    with exit_on(ValueError, flag="" if args.sp_size is None else f"--sp-size {args.sp_size}: "):
         return resolve_sp_config(args.parallel_mode, sp_size=args.sp_size, kernel=args.kernel, **options)
 
 

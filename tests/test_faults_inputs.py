@@ -80,3 +80,37 @@ def test_mixed_dtypes_compute_in_one_dtype_and_return_each_inputs_grad_dtype(dis
     for out_dtype, grad_dtypes, err in dist_pool(WORLD).run(mixed_dtype_worker, algo, opts, autocast):
         assert (out_dtype, grad_dtypes) == (want_out, want_grads)
         assert err < (3e-2 if autocast else 1e-2), err  # bf16 rounding of the inputs, not a layout error (~1)
+
+
+def train_flag_worker(rank, world, flags):
+    """train.py's own resolution of the SP flags (its ``sp_config``) on this rank: the ``error: ...`` line it exits
+    with, or "no error"."""
+    from easy_context.core import groups
+    from easy_context.train import parse_args, sp_config
+
+    args = parse_args(["--model", "tiny-llama", "--dataset", "random:8", "--vocab-size", "300", "--output-dir", "o",
+                       *flags])  # fmt: skip
+    try:
+        sp_config(args)
+    except SystemExit as exc:
+        return str(exc.code)
+    finally:
+        groups.reset_groups()
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--parallel_mode", "zigzag_ring_attn", "--ring_degree", "2"],
+         "error: --ring_degree does not apply to zigzag_ring_attn (its options: [])"),
+        (["--parallel_mode", "usp_attn", "--ring_degree", "3"],  # was "--sp-size None: usp_attn: ..."
+         "error: usp_attn: ring_degree=3 must divide the sequence-parallel size 2 (ulysses_degree = sp_size // "
+         "ring_degree) (2 ranks per sequence)"),
+        (["--sp-size", "3"], "error: --sp-size 3: sp_size=3 must divide the world size 2"),
+    ],
+)  # fmt: skip
+def test_train_sp_flag_errors_are_one_line_naming_the_flag(dist_pool, flags, message):
+    """issue 19 item 9: --ring_degree with zigzag was silently ignored; --ring_degree / --sp-size errors were
+    tracebacks (and a bad --ring_degree was then blamed on --sp-size None). Every rank exits with the same line."""
+    assert dist_pool(WORLD).run(train_flag_worker, flags) == [message] * WORLD

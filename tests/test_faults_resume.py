@@ -165,3 +165,33 @@ def test_model_fingerprint_names_architecture_and_rope_base():
     assert before.startswith("model_type=llama num_hidden_layers=2 hidden_size=64 num_attention_heads=4 ")
     set_rope_theta(config, 1e6)
     assert model_fingerprint(config) != before and model_fingerprint(config).endswith("rope_theta=1000000.0")
+
+
+def test_a_state_is_fsynced_before_it_gets_its_name(tmp_path, monkeypatch):
+    """Atomic saves (issue 19 item 8): every file of the state and its temp dir are fsynced before the temp dir is
+    renamed to ``state-stepK``, the output dir after (a crash leaves either no state-stepK or a complete one)."""
+    import os
+
+    from easy_context.training import train_state
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def logged_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return fsync(fd)
+
+    def logged_replace(src, dst):
+        events.append(("rename", str(src), str(dst)))
+        return replace(src, dst)
+
+    monkeypatch.setattr(train_state.os, "fsync", logged_fsync)
+    monkeypatch.setattr(train_state.os, "replace", logged_replace)
+    final = tmp_path / "state-step3"
+    save_training_state(fake_accelerator(), final, 3, 6, 0)
+    temp = str(tmp_path / ".state-step3.tmp")
+    assert events[-2:] == [("rename", temp, str(final)), ("fsync", str(tmp_path))], events
+    synced = {e[1] for e in events[:-2] if e[0] == "fsync"}
+    files = {"model.safetensors", "random_states_0.pkl", "easy_context_state.json"}
+    assert synced == {temp} | {f"{temp}/{name}" for name in files}, events
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state-step3"] and read_training_position(final)["step"] == 3
