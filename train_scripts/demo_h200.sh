@@ -151,7 +151,7 @@ if [ -f "$WORK/data_short/dataset_info.json" ]; then
             "${A[@]}" --max-train-steps 1000000 --stop-at-step "$A_CAL_STEPS"
         if [ -d "$WORK/short/state-step$A_CAL_STEPS" ]; then
             RATE=$(last_rate "$WORK/short/metrics.jsonl" $((A_BATCH * SHORT)))
-            # the resumed run's start-up and saves take ~25 s on the H200 (imports, loading the state)
+            # 25 s assumed for the resumed run's start-up and saves (imports, loading the state; not yet measured)
             A_TOTAL=$("$PY" -c "print($A_CAL_STEPS + max(0, int($RATE * ($A_UNTIL - $(now) - 25))))")
             echo "phase (a): $(printf %.2f "$RATE") steps/s measured; training to step $A_TOTAL"
             if [ "$A_TOTAL" -gt "$A_CAL_STEPS" ]; then
