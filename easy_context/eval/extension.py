@@ -8,11 +8,18 @@ reads ``{before,after}/needle/results.csv`` and ``{before,after}/ppl.csv``, writ
 (``{"base_length", "target_length", "before": {"needle_within", "needle_beyond", "ppl": {length: ppl},
 "answer_logprob_within", "answer_logprob_beyond"}, "after": {...}, "seconds"}``) and ``extension.png``, and
 prints one line.
+
+``--train-metrics NAME=PATH`` (repeatable; PATH a train.py output dir or its ``metrics.jsonl``) adds
+``"training": {NAME: {"steps", "tokens", "tokens_per_s", "train_seconds", "loss", "peak_mem_gib", "mfu"}}``
+(:func:`training_summary`). ``--partial``: a stage whose result files are missing (a time-limited run that did not
+get there) is recorded as null and drawn as "no results" instead of failing the summary.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import sys
 
 from .. import cli
@@ -46,22 +53,72 @@ def stage(folder: str, base_length: int) -> tuple[dict, list[dict], dict[int, fl
     return part, needle, ppl
 
 
-def summarize(before: str, after: str, base_length: int, target_length: int, seconds: float | None = None) -> dict:
-    """The summary dict of an extension whose evaluated models' folders are ``before`` and ``after``."""
-    return {
+def stage_or_none(folder: str, base_length: int) -> tuple[dict | None, list[dict], dict[int, float]]:
+    """:func:`stage`, or (None, [], {}) when ``folder`` holds neither result file (the stage did not run)."""
+    files = [os.path.join(folder, "needle", "results.csv"), os.path.join(folder, "ppl.csv")]
+    if not any(os.path.isfile(f) for f in files):
+        return None, [], {}
+    return stage(folder, base_length)
+
+
+def training_summary(path: str) -> dict:
+    """What one train.py run's ``metrics.jsonl`` (``path``: the file or its output dir) says about its speed:
+    last step, tokens, final loss, the median ``tokens_per_s`` over the logged intervals (robust to the slow first
+    interval of each start, which includes the warm-up), ``train_seconds`` (the intervals' sum: the loop's time),
+    the peak GPU memory (GiB) and the median MFU (GPUs only)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if not rows:
+        raise ValueError(f"{path}: no metrics rows")
+    seconds, previous = 0.0, 0
+    for row in rows:  # the tokens of each interval over its rate
+        seconds += (row["tokens"] - previous) / max(row["tokens_per_s"], 1e-9)
+        previous = row["tokens"]
+    out = {
+        "steps": rows[-1]["step"],
+        "tokens": rows[-1]["tokens"],
+        "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rows), 1),
+        "train_seconds": round(seconds, 1),
+        "loss": round(rows[-1]["loss"], 4),
+        "peak_mem_gib": round(max(r["peak_mem_bytes"] for r in rows) / 2**30, 2),
+    }
+    if all("mfu" in r for r in rows):
+        out["mfu"] = round(statistics.median(r["mfu"] for r in rows), 4)
+    return out
+
+
+def summarize(
+    before: str,
+    after: str,
+    base_length: int,
+    target_length: int,
+    seconds: float | None = None,
+    partial: bool = False,
+    training: dict[str, str] | None = None,
+) -> dict:
+    """The summary dict of an extension whose evaluated models' folders are ``before`` and ``after`` (``partial``:
+    a folder without results gives null); ``training``: {name: metrics path} of the runs (:func:`training_summary`)."""
+    read = stage_or_none if partial else stage
+    summary = {
         "base_length": base_length,
         "target_length": target_length,
-        "before": stage(before, base_length)[0],
-        "after": stage(after, base_length)[0],
+        "before": read(before, base_length)[0],
+        "after": read(after, base_length)[0],
         "seconds": seconds,
     }
+    if training:
+        summary["training"] = {name: training_summary(path) for name, path in training.items()}
+    return summary
 
 
 def one_line(summary: dict) -> str:
     def fmt(x):
         return "n/a" if x is None else f"{x:.2f}"
 
-    b, a, n = summary["before"], summary["after"], summary["target_length"]
+    empty = {"needle_within": None, "needle_beyond": None, "ppl": {}}
+    b, a, n = summary["before"] or empty, summary["after"] or empty, summary["target_length"]
     ppl_b, ppl_a = b["ppl"].get(n), a["ppl"].get(n)
     ppl = f"; perplexity at {n}: {ppl_b:.1f} -> {ppl_a:.1f}" if ppl_b is not None and ppl_a is not None else ""
     return (
@@ -78,25 +135,45 @@ def parse_args(argv=None):
     p.add_argument("--target-length", type=int, required=True, help="the length it was extended to")
     p.add_argument("--seconds", type=float, default=None, help="wall time of the whole run, recorded as is")
     p.add_argument("--output", required=True, help="folder for summary.json and extension.png")
-    return p.parse_args(argv)
+    p.add_argument("--train-metrics", action="append", default=[], metavar="NAME=PATH",
+                   help="a training run's speed into the summary: PATH is its train.py output dir or metrics.jsonl "
+                        "(repeatable)")  # fmt: skip
+    p.add_argument("--partial", action="store_true",
+                   help="a stage whose result files are missing is recorded as null (drawn as 'no results') "
+                        "instead of an error: the summary of a time-limited run that did not finish")  # fmt: skip
+    args = p.parse_args(argv)
+    training = {}
+    for item in args.train_metrics:
+        name, sep, path = item.partition("=")
+        if not (sep and name and path):
+            p.error(f"--train-metrics {item!r}: expected NAME=PATH (e.g. base=out/demo/base)")
+        training[name] = path
+    args.train_metrics = training
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from .plots import extension_figure
 
+    read = stage_or_none if args.partial else stage
     try:
-        summary = summarize(args.before, args.after, args.base_length, args.target_length, args.seconds)
-        _, before_rows, ppl_before = stage(args.before, args.base_length)
-        _, after_rows, ppl_after = stage(args.after, args.base_length)
+        summary = summarize(args.before, args.after, args.base_length, args.target_length, args.seconds,
+                            args.partial, args.train_metrics)  # fmt: skip
+        _, before_rows, ppl_before = read(args.before, args.base_length)
+        _, after_rows, ppl_after = read(args.after, args.base_length)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_json(summary, os.path.join(args.output, "summary.json"))
-    png = extension_figure(before_rows, after_rows, {"before (base model)": sorted(ppl_before.items()),
-                           "after extension": sorted(ppl_after.items())}, args.base_length,
+    series = {"before (base model)": sorted(ppl_before.items()), "after extension": sorted(ppl_after.items())}
+    png = extension_figure(before_rows, after_rows, {k: v for k, v in series.items() if v}, args.base_length,
                            os.path.join(args.output, "extension.png"))  # fmt: skip
     print(one_line(summary))
+    for name, run in summary.get("training", {}).items():
+        mfu = f", MFU {run['mfu']:.1%}" if "mfu" in run else ""
+        print(f"training {name}: {run['steps']} steps, {run['tokens']:,} tokens, {run['tokens_per_s']:,.0f} tokens/s "
+              f"(median), {run['train_seconds']:.0f} s, peak {run['peak_mem_gib']:.1f} GiB{mfu}")  # fmt: skip
     print(f"summary: {os.path.join(args.output, 'summary.json')}   figure: {png}")
     return 0
 

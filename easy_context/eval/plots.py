@@ -18,6 +18,7 @@ from .results import cell_scores  # noqa: E402
 
 SCORE_CMAP = LinearSegmentedColormap.from_list("needle_score", ["#F0496E", "#EBB839", "#0CD79F"])
 _ANNOTATE_MAX_CELLS = 400
+_MAX_LENGTH_LABELS = 16  # x tick labels of a heatmap; more columns than this are not annotated either
 
 
 def _save(fig, path: str) -> str:
@@ -40,11 +41,12 @@ def _heatmap(fig, ax, rows: Sequence[Mapping], key: str = "correct", mark_length
         grid[depths.index(depth), lengths.index(length)] = value
     image = ax.imshow(grid, cmap=SCORE_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="Score")
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45, ha="right")
+    every = -(-len(lengths) // _MAX_LENGTH_LABELS)  # past that many columns, label every k-th (else they overlap)
+    ax.set_xticks(range(0, len(lengths), every), [str(n) for n in lengths[::every]], rotation=45, ha="right")
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_xlabel("Token Limit")
     ax.set_ylabel("Depth Percent")
-    if grid.size <= _ANNOTATE_MAX_CELLS:
+    if grid.size <= _ANNOTATE_MAX_CELLS and len(lengths) <= _MAX_LENGTH_LABELS:
         for i in range(len(depths)):
             for j in range(len(lengths)):
                 if not np.isnan(grid[i, j]):
@@ -86,6 +88,12 @@ def _ppl_axes(ax, series: Mapping[str, Sequence[tuple[int, float]]], log_y: bool
     ax.grid(True, alpha=0.3)
 
 
+def _no_results(ax, title: str) -> None:
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, "no results (stage did not run)", ha="center", va="center", transform=ax.transAxes)
+
+
 def extension_figure(
     before: Sequence[Mapping],
     after: Sequence[Mapping],
@@ -97,8 +105,15 @@ def extension_figure(
     the base (training) length marked in each panel; returns path."""
     fig, axes = plt.subplots(1, 3, figsize=(19, 5), gridspec_kw={"width_ratios": [1.15, 1.15, 1]})
     for ax, rows, name in ((axes[0], before, "before"), (axes[1], after, "after")):
+        if not rows:  # a stage that did not run (a time-limited demo's partial summary)
+            _no_results(ax, f"{name} extension: needle retrieval")
+            continue
         mean = _heatmap(fig, ax, rows, mark_length=base_length)
         ax.set_title(f"{name} extension: needle retrieval (mean {mean:.2f})")
+    if not any(ppl.values()):
+        _no_results(axes[2], "Perplexity vs context length")
+        fig.tight_layout()
+        return _save(fig, path)
     _ppl_axes(axes[2], ppl, log_y=True)
     axes[2].axvline(base_length, color="black", linestyle="--", linewidth=1.5, label=f"base length {base_length}")
     axes[2].set_title("Perplexity vs context length")

@@ -30,8 +30,9 @@ ALIASES = {"llama-2-7b-hf": "llama-2-7b", "meta-llama-3-8b": "llama-3-8b", "llam
            "meta-llama-3.1-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b",
            "meta-llama-3.1-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "qwen2.5-7b": "qwen2-7b"}  # fmt: skip
 
-# The tiny random-init presets (offline demos and tests): name -> (model_type, config overrides); vocab_size comes
-# from the tokenizer (easy_context.models.load_model), the planner assumes 32000 unless given.
+# The random-init presets (offline demos and tests; llama-100m: the H200 demo): name -> (model_type, config
+# overrides); vocab_size comes from the tokenizer (easy_context.models.load_model), the planner assumes 32000 unless
+# given.
 PRESETS: dict[str, tuple[str, dict]] = {
     "tiny-llama": ("llama", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
                                  num_key_value_heads=2)),
@@ -45,6 +46,10 @@ PRESETS: dict[str, tuple[str, dict]] = {
                                  num_key_value_heads=2)),
     "tiny-qwen3": ("qwen3", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=32)),
+    # the H200 demo's base (train_scripts/demo_h200.sh): GPT-2-small-like, 14 layers x 768, 12 heads of 64, tied;
+    # 99.9M parameters with the demo's 1000-token vocabulary (123.7M with a 32K one)
+    "llama-100m": ("llama", dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=14, num_attention_heads=12,
+                                 num_key_value_heads=12, tie_word_embeddings=True)),
 }  # fmt: skip
 
 
