@@ -43,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile the norms, MLP and RoPE of every layer")
     p.add_argument("--baseline", action="store_true", help="stock transformers sdpa + HF loss + checkpointing")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--fp8", action="store_true", help="float8 decoder linears (easy_context.training.fp8, rowwise)")
     p.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     p.add_argument("--profile", default=None, metavar="DIR", help="write a profiler table of one more step here")
     p.add_argument("--label", default="", help="free text stored with each result")
@@ -62,6 +63,9 @@ def compile_layers(model) -> None:
         for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
             getattr(layer, name).compile()
     model.get_decoder().norm.compile()
+    for proj in (m for layer in model.get_decoder().layers for m in layer.self_attn.children()):
+        if type(proj).__name__ == "Float8Linear":  # --fp8: compiled, its casts fuse (eager: separate kernels)
+            proj.compile()
     modeling = sys.modules[type(model.get_decoder().layers[0].self_attn).__module__]
     if hasattr(modeling, "apply_rotary_pos_emb"):
         modeling.apply_rotary_pos_emb = torch.compile(modeling.apply_rotary_pos_emb)
@@ -81,6 +85,10 @@ def build(args, seq: int):
         vocab = args.vocab_size or (256 if args.model in PRESETS else None)
         model = load_model(args.model, vocab_size=vocab, dtype=dtype, max_position_embeddings=seq)
     model.train()
+    if args.fp8:  # before torch.compile
+        from easy_context.training.fp8 import enable_fp8_linears
+
+        enable_fp8_linears(model)
     if args.baseline:
         model.set_attn_implementation("sdpa")
         apply_checkpointing(model, "full")
@@ -171,13 +179,15 @@ def run_worker(args) -> dict:
 # ------------------------------------------------------------------------------------------------ parent
 def config_of(args) -> dict:
     if args.baseline:
-        return {"attention": "hf sdpa", "loss": "hf (fp32 logits)", "checkpointing": "full", "compile": False}
+        return {"attention": "hf sdpa", "loss": "hf (fp32 logits)", "checkpointing": "full", "compile": False,
+                "fp8": args.fp8}  # fmt: skip
     return {
         "attention": f"easy_context data_parallel, kernel {args.kernel}",
         "loss": args.loss,
         "checkpointing": args.checkpointing,
         "tiled_mlp": args.tiled_mlp,
         "compile": args.compile,
+        "fp8": args.fp8,
     }
 
 
