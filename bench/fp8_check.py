@@ -219,7 +219,7 @@ def section_numerics(args) -> dict:
     @torch.no_grad()
     def held_out_loss(model) -> float:
         model.eval()
-        with autocast():
+        with autocast(), torch.compiler.set_stance("force_eager"):  # no second compile for eval mode
             losses = [model(input_ids=held[i : i + 4, :-1], labels=held[i : i + 4, :-1], use_cache=False).loss
                       for i in range(0, len(held), 4)]  # fmt: skip
         model.train()

@@ -5,7 +5,7 @@
 #             the loss curves and whether fp8 stays within the bf16 seed-to-seed noise (~2-3 min)
 #   fp8, bf16 the Llama-2-7B 64K step (bench/train_step.py, checkpoint-after-attention, compiled) with / without
 #             --fp8 (~2.5-3.5 min each)
-# Every stage under `timeout` (the default stages at most 510 s, `bf16` alone at most 240 s); rows appended to
+# Every stage under `timeout` (the default stages at most 570 s, `bf16` alone at most 240 s); rows appended to
 # $OUT/fp8_check.jsonl (sections), $OUT/fp8_curves.jsonl (every step's loss), $OUT/fp8_train_step.jsonl (7B).
 #
 #   pip install --no-deps --target /tmp/site .whl_fp8/*.whl      # torchao 0.18.0 (+ flash-attn-4 for KERNEL=fa4)
@@ -23,9 +23,9 @@ B="python bench/train_step.py --model shape:llama-2-7b --seq 65536 --checkpointi
 for s in $STAGES; do
     stage "$s"
     case $s in
-        gemm) timeout 90 python bench/fp8_check.py --sections env shapes gemm --out "$OUT/fp8_check.jsonl" \
+        gemm) timeout 100 python bench/fp8_check.py --sections env shapes gemm --out "$OUT/fp8_check.jsonl" \
                   > "$OUT/fp8_gemm.log" 2>&1 ;;
-        numerics) timeout 180 python bench/fp8_check.py --sections numerics --steps 200 --out "$OUT/fp8_check.jsonl" \
+        numerics) timeout 230 python bench/fp8_check.py --sections numerics --steps 200 --out "$OUT/fp8_check.jsonl" \
                       --curves "$OUT/fp8_curves.jsonl" > "$OUT/fp8_numerics.log" 2>&1 ;;
         fp8) timeout 240 $B --fp8 --label fp8 --timeout 225 --out "$OUT/fp8_train_step.jsonl" > "$OUT/fp8_7b.log" 2>&1 ;;
         bf16) timeout 240 $B --label bf16 --timeout 225 --out "$OUT/fp8_train_step.jsonl" > "$OUT/bf16_7b.log" 2>&1 ;;
