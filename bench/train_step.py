@@ -67,6 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "or liger (stock + Liger-Kernel's patch with its defaults + HF gradient checkpointing)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--fp8", action="store_true", help="float8 decoder linears (easy_context.training.fp8, rowwise)")
     p.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     p.add_argument("--profile", default=None, metavar="DIR", help="write a profiler table of one more step here")
     p.add_argument("--label", default="", help="free text stored with each result")
@@ -82,7 +83,11 @@ def compile_layers(model, split_mlp: bool = True) -> dict:
     whole MLP with --compile-mlp whole) and RoPE; attention and the checkpointing wrappers stay eager."""
     from easy_context.training.compile import compile_regions
 
-    return compile_regions(model, split_mlp=split_mlp)
+    counts = compile_regions(model, split_mlp=split_mlp)
+    for proj in (m for layer in model.get_decoder().layers for m in layer.self_attn.children()):
+        if type(proj).__name__ == "Float8Linear":  # --fp8: compiled, its casts fuse (eager: separate kernels)
+            proj.compile()
+    return counts
 
 
 def apply_liger_peer(model) -> None:
@@ -113,6 +118,10 @@ def build(args, seq: int):
         vocab = args.vocab_size or (256 if args.model in PRESETS else None)
         model = load_model(args.model, vocab_size=vocab, dtype=dtype, max_position_embeddings=seq)
     model.train()
+    if args.fp8:  # before torch.compile
+        from easy_context.training.fp8 import enable_fp8_linears
+
+        enable_fp8_linears(model)
     if args.baseline:
         model.set_attn_implementation("sdpa")
         if args.baseline == "liger":
@@ -222,13 +231,15 @@ def config_of(args) -> dict:
                 "loss": "liger fused linear CE (apply_liger_kernel_to_<model> defaults: rope, rms_norm, swiglu, flce)",
                 "checkpointing": "hf gradient_checkpointing_enable()", "compile": False}  # fmt: skip
     if args.baseline:
-        return {"attention": "hf sdpa", "loss": "hf (fp32 logits)", "checkpointing": "full", "compile": False}
+        return {"attention": "hf sdpa", "loss": "hf (fp32 logits)", "checkpointing": "full", "compile": False,
+                "fp8": args.fp8}  # fmt: skip
     return {
         "attention": f"easy_context data_parallel, kernel {args.kernel}",
         "loss": args.loss,
         "checkpointing": args.checkpointing,
         "tiled_mlp": args.tiled_mlp,
         "compile": args.compile and args.compile_mlp,
+        "fp8": args.fp8,
     }
 
 

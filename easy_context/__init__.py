@@ -34,10 +34,12 @@ from .core.padding import pad_to_multiple
 from .core.registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
 from .kernels import KERNEL_NAMES, get_kernel
 from .training.dataloader import prepare_dataloader
+from .training.fp8 import quiet_torchao_import
 from .usp_attn import monkey_patch as _usp_monkey_patch
 from .usp_attn import prepare_inputs as _usp_prepare_inputs
 
 _moved.install()  # easy_context.groups, easy_context.process_exit, ...: the modules now in core/ and training/
+quiet_torchao_import()  # transformers' model code imports torchao (installed for --fp8): not its CPU log noise
 
 # EasyContext's USP package was ``easy_context.usp``: its module paths name ours
 sys.modules[f"{__name__}.usp"] = usp_attn

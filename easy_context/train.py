@@ -21,7 +21,7 @@ import sys
 from contextlib import contextmanager
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.tracking import get_available_trackers
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, LoggerType, set_seed
 from torch.utils.data import DataLoader
@@ -45,6 +45,7 @@ from easy_context.loss import (
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
 from easy_context.sp_config import SPConfig, resolve_sp_config
+from easy_context.training import fp8
 from easy_context.training.compile import compile_regions
 from easy_context.training.deepspeed_precision import deepspeed_precision_error
 from easy_context.training.metrics import MetricsLogger
@@ -263,6 +264,11 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
                    help="with --checkpointing full/offload: keep only every K-th layer input, regenerate the others "
                         "in the backward (1/K of the checkpoint bytes, (K-1)/K extra forward per layer)")  # fmt: skip
+    p.add_argument("--fp8", action="store_true",
+                   help="the decoder layers' linears in float8 (torchao, rowwise scales; needs sm89+, e.g. H100/H200; "
+                        "attention, norms and the LM-head loss stay in --dtype): docs/fp8.md")  # fmt: skip
+    p.add_argument("--fp8-emulate", action="store_true",
+                   help="--fp8 with the float8 casts emulated in fp32 GEMMs (CPU tests; no speed-up)")  # fmt: skip
     p.add_argument(
         "--chunked-rmsnorm",
         action="store_true",
@@ -392,6 +398,11 @@ def check_launch(accelerator: Accelerator, args) -> None:
     if args.compile and accelerator.state.deepspeed_plugin is not None:
         sys.exit("error: --compile is not supported under DeepSpeed (its parameter hooks run inside the compiled "
                  "regions; untested): drop --compile, or use FSDP2 / DDP")  # fmt: skip
+    if args.fp8 or args.fp8_emulate:  # the device and the engine, before anything is built
+        error = fp8.fp8_device_error(accelerator.device, args.fp8_emulate) or fp8.fp8_composition_error(
+            deepspeed=accelerator.distributed_type == DistributedType.DEEPSPEED)  # fmt: skip
+        if error:
+            sys.exit(f"error: --fp8: {error}")
     warning = cpu_defaults_warning(accelerator.device, args)
     if accelerator.is_main_process and warning:
         print(warning, file=sys.stderr)
@@ -506,9 +517,25 @@ def build_model(args, tokenizer, sp: SPConfig):
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     if args.chunked_rmsnorm:
         enable_chunked_rmsnorm(model)
+    if args.fp8 or args.fp8_emulate:
+        apply_fp8(args, model, sp)  # before compile: the float8 linears' casts are compiled with them
     if args.compile:
         compile_regions(model)
     return model
+
+
+def apply_fp8(args, model, sp: SPConfig) -> None:
+    """``--fp8``: the decoder layers' linears through torchao float8 (easy_context.training.fp8; the device and
+    DeepSpeed were checked in :func:`check_launch`); token counts that float8 GEMMs cannot take exit with one line."""
+    local_seq = args.seq_length // (sp.sp_size if sp.distributed else 1)  # tokens per rank the linears see
+    error = None if args.fp8_emulate else fp8.fp8_shape_error(args.batch_size, local_seq, args.tiled_mlp)
+    if error:
+        sys.exit(f"error: --fp8: {error}")
+    state = PartialState()  # the Accelerator's device
+    with exit_on(fp8.FP8Error, flag="--fp8: "):
+        n = fp8.enable_fp8_linears(model, emulate=args.fp8_emulate, device=state.device)
+    if state.is_main_process:
+        print(f"fp8: {n} decoder linears in float8 (rowwise{', emulated' if args.fp8_emulate else ''})")
 
 
 def build_loader(args, tokenizer, vocab_size: int, accelerator) -> tuple[EpochShuffleSampler, DataLoader]:
