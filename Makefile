@@ -12,6 +12,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps --target $(VENV)/extras torchao==0.18.0
 	touch $@
 
 demo: $(VENV)/.installed
@@ -20,7 +21,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check easy_context tests bench examples train.py PaulGrahamEssays
-	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(PY) -m pytest tests
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions EC_EXTRAS=$(CURDIR)/$(VENV)/extras $(PY) -m pytest tests
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check easy_context tests bench examples

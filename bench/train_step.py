@@ -54,9 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES")
     p.add_argument("--chunked-rmsnorm", action="store_true", help="easy_context.memory.enable_chunked_rmsnorm")
     p.add_argument("--compile", action="store_true", help="torch.compile the norms, MLP and RoPE of every layer")
-    p.add_argument("--compile-mlp", default="split", choices=["split", "whole"],
+    p.add_argument("--compile-mlp", default="auto", choices=["auto", "split", "whole"],
                    help="--compile: the MLP's gated product only, the down projection eager (its recompute is then "
-                        "skipped under checkpointing), or the whole MLP")  # fmt: skip
+                        "skipped under checkpointing), or the whole MLP; auto: whole with --fp8 (its casts fuse: "
+                        "+7.4 %% at 64K on the H200), else split (+1.6 %%)")  # fmt: skip
     p.add_argument(
         "--baseline",
         nargs="?",
@@ -83,11 +84,7 @@ def compile_layers(model, split_mlp: bool = True) -> dict:
     whole MLP with --compile-mlp whole) and RoPE; attention and the checkpointing wrappers stay eager."""
     from easy_context.training.compile import compile_regions
 
-    counts = compile_regions(model, split_mlp=split_mlp)
-    for proj in (m for layer in model.get_decoder().layers for m in layer.self_attn.children()):
-        if type(proj).__name__ == "Float8Linear":  # --fp8: compiled, its casts fuse (eager: separate kernels)
-            proj.compile()
-    return counts
+    return compile_regions(model, split_mlp=split_mlp)
 
 
 def apply_liger_peer(model) -> None:
@@ -137,7 +134,7 @@ def build(args, seq: int):
     if args.chunked_rmsnorm:
         enable_chunked_rmsnorm(model)
     if args.compile:
-        compile_layers(model, split_mlp=args.compile_mlp == "split")
+        compile_layers(model, split_mlp=args.compile_mlp == "split" or (args.compile_mlp == "auto" and not args.fp8))
     return model, CausalLMWithLoss(model, impl=args.loss), device
 
 
@@ -238,7 +235,8 @@ def config_of(args) -> dict:
         "loss": args.loss,
         "checkpointing": args.checkpointing,
         "tiled_mlp": args.tiled_mlp,
-        "compile": args.compile and args.compile_mlp,
+        "compile": args.compile
+        and (args.compile_mlp if args.compile_mlp != "auto" else "whole" if args.fp8 else "split"),
         "fp8": args.fp8,
     }
 

@@ -279,7 +279,7 @@ def build_parser() -> cli.ArgumentParser:
         "--compile",
         action="store_true",
         help="torch.compile the norms, the MLPs' gated products and RoPE of every layer (attention and the "
-        "down projections stay eager: easy_context/training/compile.py); not under DeepSpeed",
+        "down projections stay eager: easy_context/training/compile.py; with --fp8 whole MLPs); not under DeepSpeed",
     )
     p.add_argument(
         "--loss",
@@ -519,8 +519,8 @@ def build_model(args, tokenizer, sp: SPConfig):
         enable_chunked_rmsnorm(model)
     if args.fp8 or args.fp8_emulate:
         apply_fp8(args, model, sp)  # before compile: the float8 linears' casts are compiled with them
-    if args.compile:
-        compile_regions(model)
+    if args.compile:  # with float8 linears the whole MLP (their casts fuse), else the down projection stays eager
+        compile_regions(model, split_mlp=not (args.fp8 or args.fp8_emulate))
     return model
 
 

@@ -18,6 +18,11 @@ from tests.jobs import run_job
 from tests.models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+# torchao lives outside the venv (`make test` installs it with pip --target into .venv/extras, $EC_EXTRAS): installed
+# in the venv, transformers would import it in every process that builds a model, the other tests' included
+EXTRAS = os.environ.get("EC_EXTRAS", str(ROOT / ".venv" / "extras"))
+if EXTRAS not in sys.path:
+    sys.path.insert(0, EXTRAS)
 DECODER_LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]  # fmt: skip
 
@@ -209,7 +214,8 @@ def run_train(out: Path, *extra: str):
            "--output-dir", str(out), "--seq-length", "128", "--batch-size", "2", "--gradient-accumulate-every", "1",
            "--max-train-steps", "3", "--dtype", "float32", "--parallel_mode", "data_parallel", "--kernel", "cpu",
            "--checkpointing", "attn", *extra]  # fmt: skip
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (EXTRAS, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     return run_job(cmd, cwd=ROOT, env=env, timeout=300)
 
 

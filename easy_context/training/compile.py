@@ -13,6 +13,9 @@ checkpointing wrappers and the MLP's down projection stay eager:
   MLP saves the MLP's output (a post-feed-forward norm, as in Gemma 2/3) the recompute simply goes on through the
   GEMM: exact either way.
 
+With ``--fp8`` (torchao float8 linears) the whole MLP is compiled instead, and so is each float8 attention projection:
+the float8 casts and scales fuse into the compiled graphs, which is worth more than the skipped GEMM (docs/fp8.md).
+
 An MLP without ``gate_proj``/``up_proj``/``down_proj``/``act_fn`` (or already replaced, e.g. by the tiled MLP) is
 compiled whole, as ``module.compile()`` would.
 """
@@ -56,11 +59,18 @@ def compile_mlp(mlp: nn.Module, split: bool = True) -> str:
 def compile_regions(model: nn.Module, split_mlp: bool = True) -> dict[str, int]:
     """Compile the norms, MLPs and RoPE of ``model``'s decoder in place (see the module docstring).
 
-    Returns counts of what was compiled: ``{"norms": n, "mlp_split": n, "mlp_whole": n, "rope": 0|1}``.
+    Returns counts of what was compiled: ``{"norms": n, "mlp_split": n, "mlp_whole": n, "rope": 0|1,
+    "float8_attn_linears": n}`` (the last: attention projections converted by ``--fp8``, compiled one by one).
+    With float8 linears pass ``split_mlp=False``: their casts then fuse inside the compiled MLP (measured on the H200,
+    7B at 64K: 5969 tokens/s whole against 5560 split).
     """
     decoder = model.get_decoder()
-    counts = {"norms": 0, "mlp_split": 0, "mlp_whole": 0, "rope": 0}
+    counts = {"norms": 0, "mlp_split": 0, "mlp_whole": 0, "rope": 0, "float8_attn_linears": 0}
     for layer in decoder.layers:
+        for proj in getattr(layer, "self_attn", nn.Module()).children():
+            if type(proj).__name__ == "Float8Linear":  # --fp8: its casts fuse when compiled (eager: separate kernels)
+                proj.compile()
+                counts["float8_attn_linears"] += 1
         for name, child in layer.named_children():
             if name.endswith("layernorm") or name.endswith("_norm"):
                 child.compile()
