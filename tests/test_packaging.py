@@ -23,7 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # imported only where the feature is asked for, each with a clear error when missing: module -> its extra's package
-OPTIONAL = {"flash_attn": "flash-attn-4", "deepspeed": "deepspeed", "torchao": "torchao", "triton": None}  # triton ships with CUDA torch
+# triton ships with CUDA torch
+OPTIONAL = {"flash_attn": "flash-attn-4", "deepspeed": "deepspeed", "torchao": "torchao", "triton": None}
 SCRIPTS = {"easy-context-train", "easy-context-plan", "easy-context-data", "easy-context-eval-needle",
            "easy-context-eval-ppl", "easy-context-plot", "easy-context-launch"}  # fmt: skip
 
