@@ -193,7 +193,7 @@ def recorded_runs(tmp_path: Path, script: str) -> list[list[str]]:
 def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script):
     """Each train_scripts/ recipe (a YAML file plus its launch lines): every launch parses, extra flags after the
     script's name reach every stage, and each stage's length and layout pass the backend's check on 8 GPUs."""
-    assert {p.name for p in (ROOT / "train_scripts").glob("*.sh")} == {*HEADS, "demo_cpu.sh"}
+    assert {p.name for p in (ROOT / "train_scripts").glob("*.sh")} == {*HEADS, "demo_cpu.sh", "demo_h200.sh"}  # demos
     monkeypatch.chdir(ROOT)  # the scripts run from the checkout's root
     calls = recorded_runs(tmp_path, script)
     stages = []
