@@ -7,17 +7,25 @@ contribution, and arrive home after W steps.
 Document masking: each step's blocks split into one sub-block per document shared by the query rows (zigzag
 chunks r, 2W-1-r) and the visiting K/V's rows (chunks src, 2W-1-src); a step sharing no document computes nothing
 (the K/V still travel on).
+Sliding window: only the ring offsets s (source rank (r - s) mod W) at which some rank has a block under the window
+are needed (:func:`window_offsets`; for a window up to a zigzag half-chunk: 1 and W - 1, the neighbours). When some
+offset is not, the ring becomes one batched exchange with those offsets (:func:`easy_context.comm.start_exchange`)
+overlapping the local step, and in the backward the same exchange, then one batch returning each visiting K/V's fp32
+dK/dV to its owner. With every offset needed (long windows, W <= 3) the ring runs unchanged.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.distributed as dist
 
-from ..comm import RingExchange
+from ..comm import RingExchange, start_exchange
 from ..core.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from ..core.distributed_attn import distributed_attention
 from ..core.documents import Documents, split_blocks
+from ..core.windows import window_blocks
 from ..kernels import AttnKernel
 from .prepare_inputs import zigzag_spans
 from .schedule import zigzag_blocks
@@ -35,6 +43,22 @@ def step_blocks(rank: int, src: int, world: int, q: torch.Tensor, causal: bool, 
                         window)  # fmt: skip
 
 
+@lru_cache(maxsize=256)
+def window_offsets(world: int, seq_local: int, causal: bool, window: int | None) -> tuple[int, ...] | None:
+    """The ring offsets s in 1..W-1 at which ANY rank r has a block against the K/V of rank (r - s) mod W under a
+    causal sliding ``window`` (window-only geometry: documents only remove blocks), sorted; None when every offset
+    is needed (no window, full attention, or a window reaching every source): the ring. The same on every rank."""
+    if window is None or not causal or world == 1:
+        return None
+    spans = [zigzag_spans(r, world, seq_local) for r in range(world)]
+    needed = tuple(
+        s for s in range(1, world)
+        if any(window_blocks(zigzag_blocks(r, (r - s) % world, seq_local, True), spans[r], spans[(r - s) % world],
+                             window) for r in range(world))
+    )  # fmt: skip
+    return None if len(needed) == world - 1 else needed
+
+
 def _check_local_len(q: torch.Tensor, causal: bool) -> None:
     if causal and q.shape[1] % 2 != 0:
         raise ValueError(
@@ -47,11 +71,22 @@ def ring_forward(
     q, k, v, kernel: AttnKernel, scale: float, causal: bool, group, documents: Documents | None = None,
     window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Local zigzag shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32."""
+    """Local zigzag shards q (b, s, h, d), k/v (b, s, h_kv, d) -> out (b, s, h, d), lse (b, h, s) fp32.
+    With a ``window`` leaving some ring offsets without blocks, K/V come only from the needed sources
+    (:func:`window_offsets`) in one exchange."""
     ring = RingExchange(group)
     world, rank = ring.world_size, ring.rank
     kv = torch.stack([k, v])
     acc = ForwardAccumulator(q)
+    offsets = window_offsets(world, q.shape[1], causal, window)
+    if offsets is not None:
+        pending = start_exchange({s: kv for s in offsets}, group)  # kv (2, b, s, h_kv, d) to rank + s
+        forward_blocks(kernel, q, k, v, step_blocks(rank, rank, world, q, causal, documents, window), scale, acc)
+        for s, kv_src in pending.wait().items():  # from rank - s, in ring-step order
+            src = (rank - s) % world
+            forward_blocks(kernel, q, kv_src[0], kv_src[1], step_blocks(rank, src, world, q, causal, documents,
+                                                                        window), scale, acc)  # fmt: skip
+        return acc.result(q.dtype)
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
         src = (rank - step) % world
@@ -64,11 +99,16 @@ def ring_forward(
 
 def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents=None,
                   window: int | None = None):  # fmt: skip
-    """Gradients of :func:`ring_forward`; dK/dV accumulate in fp32 while travelling the ring."""
+    """Gradients of :func:`ring_forward`; dK/dV accumulate in fp32 while travelling the ring. With a ``window``
+    leaving some ring offsets without blocks: the forward's K/V exchange again (the autograd function keeps only
+    the local K/V), then one exchange returning each visiting K/V's fp32 dK/dV to its owner."""
     ring = RingExchange(group)
     world, rank = ring.world_size, ring.rank
     kv = torch.stack([k, v])
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    offsets = window_offsets(world, q.shape[1], causal, window)
+    if offsets is not None:
+        return _exchange_backward(dout, q, kv, out, lse, kernel, scale, causal, group, documents, window, offsets, dq)
     dkv_pending = None
     for step in range(world):
         kv_pending = ring.start(kv) if step + 1 < world else None
@@ -87,6 +127,24 @@ def ring_backward(dout, q, k, v, out, lse, kernel: AttnKernel, scale: float, cau
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
+def _exchange_backward(dout, q, kv, out, lse, kernel: AttnKernel, scale: float, causal: bool, group, documents,
+                       window: int, offsets: tuple[int, ...], dq: torch.Tensor):  # fmt: skip
+    """:func:`ring_backward` over the needed ``offsets`` only; kv (2, b, s, h_kv, d) local, dq fp32 zeros."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    pending = start_exchange({s: kv for s in offsets}, group)
+    dkv = kv.new_zeros(kv.shape, dtype=torch.float32)  # this rank's K/V gradient, fp32
+    blocks = step_blocks(rank, rank, world, q, causal, documents, window)
+    add_kv_grads_(dkv, backward_blocks(kernel, dout, q, kv[0], kv[1], out, lse, blocks, scale, dq))
+    grads = {}  # offset W - s: back to the owner rank - s
+    for s, kv_src in pending.wait().items():
+        blocks = step_blocks(rank, (rank - s) % world, world, q, causal, documents, window)
+        kv_grads = backward_blocks(kernel, dout, q, kv_src[0], kv_src[1], out, lse, blocks, scale, dq)
+        grads[world - s] = add_kv_grads_(kv.new_zeros(kv.shape, dtype=torch.float32), kv_grads)
+    for partial in start_exchange(grads, group).wait().values():  # from rank + s: its share of this K/V's gradient
+        dkv += partial
+    return dq.to(q.dtype), dkv[0].to(kv.dtype), dkv[1].to(kv.dtype)
+
+
 def zigzag_ring_attention(
     q,
     k,
@@ -103,8 +161,9 @@ def zigzag_ring_attention(
 
     q: (batch, seq_local, heads, dim), k/v: (batch, seq_local, heads_kv, dim) zigzag shards
     (``extract_local('zigzag_ring_attn', ...)``); returns q-shaped output. ``documents``: document masking
-    (``core.documents``); ``window``: causal sliding window (``core.windows``; a step beyond
-    it makes no kernel call); ``sinks`` (heads,): attention sinks, merged once (docs/attention_variants.md).
+    (``core.documents``); ``window``: causal sliding window (``core.windows``; a step beyond it makes no kernel
+    call, and K/V go only to the ranks that use them: :func:`window_offsets`); ``sinks`` (heads,): attention
+    sinks, merged once (docs/attention_variants.md).
     """
     _check_local_len(q, causal)
     return distributed_attention(
