@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -72,4 +73,7 @@ def test_launched_train_py_prints_its_error_once(tmp_path):
     errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     assert res.returncode == 1 and len(errors) == 1 and "--seq-length 1022 is not divisible by 4" in errors[0]
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr[-3000:]
-    assert res.stderr.strip().splitlines()[-1].startswith("easy_context.launch: rank 0 exited with 1"), res.stderr
+    last = res.stderr.strip().splitlines()[-1]  # both ranks fail alike; the one that exits second may instead be
+    # ended by torch elastic (SIGTERM, -15) once the first is gone (seen in 1 of ~20 CI runs)
+    assert re.match(r"easy_context\.launch: rank 0 exited with (1|-15), rank 1 exited with (1|-15) ", last), last
+    assert "exited with 1" in last, last
