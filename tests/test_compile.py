@@ -41,3 +41,25 @@ def test_compiled_regions_match_eager_and_skip_the_down_projection_recompute():
     for name, g in grads_e.items():
         assert torch.allclose(grads_c[name], g, rtol=1e-4, atol=1e-6), name
     assert len(calls) == layers  # the forward's calls only: the recompute stopped before each down projection
+
+
+def test_compile_under_deepspeed_is_refused_in_one_line(monkeypatch):
+    """--compile with a DeepSpeed launch exits before anything is built, naming the fix."""
+    import types
+
+    import pytest
+    from accelerate.utils import DistributedType
+
+    import easy_context.train as train_mod
+
+    monkeypatch.setattr(train_mod, "launch_error", lambda launched: None)
+    monkeypatch.setattr(train_mod, "deepspeed_precision_error", lambda acc, dtype: None)
+    state = types.SimpleNamespace(deepspeed_plugin=object())
+    accelerator = types.SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, device=torch.device("cpu"),
+                                        state=state, is_main_process=True)  # fmt: skip
+    argv = ["--model", "tiny-llama", "--dataset", "random:4", "--vocab-size", "64", "--output-dir", "x", "--compile"]
+    args = train_mod.parse_args(argv)
+    with pytest.raises(SystemExit, match="--compile is not supported under DeepSpeed.*drop --compile"):
+        train_mod.check_launch(accelerator, args)
+    args.compile = False
+    train_mod.check_launch(accelerator, args)  # the same launch without --compile passes this check
