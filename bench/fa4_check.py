@@ -16,6 +16,9 @@ Sections (each runs on its own: a failure prints its traceback and the next one 
 * ``e2e``: zigzag_ring_attn and dist_flash_attn on 4 virtual ranks (their block calls and fp32 merges, no
   communication), zigzag with a sliding window, and the public ``get_attn_func("data_parallel", kernel=...)`` with
   soft-cap + window + sinks through autograd: fa4 and cudnn against an fp32 math reference.
+* ``mla``: V head dim != Q/K head dim (MLA after projection, 192 / 128, 16 heads, S 4096): the public API through
+  autograd with fa4, cudnn and auto, and zigzag / DistFlashAttn on 4 virtual ranks with the padded tensors each
+  rank's kernel sees, against fp32 attention on the unpadded shapes (the padded output and dV columns must be 0).
 * ``timing``: fwd and fwd+bwd TFLOP/s (fwd+bwd counted as 3.5x the forward FLOPs, causal as half) of ours-through-fa4,
   our cudnn kernel and the raw ``flash_attn_func`` (autograd backward): causal 16K h32, causal 64K 32q/8kv, full
   8Kx8K 32q/8kv, head_dim 128, batch 1, bf16; CUDA events, 2 warmups, median of 5.
@@ -57,7 +60,7 @@ from easy_context.kernels import fa4 as fa4mod  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import timed  # noqa: E402  (bench/attention.py: median seconds with CUDA events)
 
-SECTIONS = ("env", "parity", "e2e", "timing", "compile", "large")
+SECTIONS = ("env", "parity", "e2e", "mla", "timing", "compile", "large")
 TOL_REL, TOL_LSE = 1e-2, 1e-3
 
 
@@ -139,6 +142,8 @@ PARITY = [
     ("band 2048x1024 (-100, 1500) 8q/2kv", 2048, 1024, 8, 2, 128, False, None, (-100, 1500), BF16, False),
     ("band 512x512 (-255, 0): keys at or after the query", 512, 512, 8, 2, 128, False, None, (-255, 0), BF16, False),
     ("band 1024x2048 (-600, 200) softcap 30", 1024, 2048, 8, 2, 128, False, 30.0, (-600, 200), BF16, False),
+    ("causal 2048 MHA 16/16 d192 (MLA, V padded)", 2048, 2048, 16, 16, 192, True, None, None, BF16, False),
+    ("full 1024x2048 MHA 16/16 d192 (MLA ring block)", 1024, 2048, 16, 16, 192, False, None, None, BF16, False),
 ]
 
 
@@ -245,6 +250,23 @@ def _windowed_zigzag(kern, q, k, v, dout, world, window):
 
 
 E2E = {"world": 4, "seq": 4096, "hq": 32, "hkv": 8, "d": 128, "window": 700}
+GRADS = ("out", "dq", "dk", "dv")
+
+
+def _record(rows: list, section: str, name: str, fn) -> None:
+    """Run one check ``fn() -> {metric: value}``; it passes when every relative error in GRADS (and dsinks) is
+    below TOL_REL (or as ``fn`` sets "pass"); an exception fails it with its message."""
+    row = {"case": name}
+    try:
+        row.update(fn())
+        row.setdefault("pass", all(e < TOL_REL for n, e in row.items() if n in (*GRADS, "dsinks")))
+    except Exception as exc:
+        row.update({"pass": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        traceback.print_exc()
+    rows.append(row)
+    log(f"{section} {'PASS' if row['pass'] else 'FAIL'} {name:52s} "
+        + " ".join(f"{n} {e:.2e}" if isinstance(e, float) else f"{n} {e}" for n, e in row.items()
+                   if n not in ("case", "pass")))  # fmt: skip
 
 
 def section_e2e(res: dict, args) -> None:
@@ -254,26 +276,14 @@ def section_e2e(res: dict, args) -> None:
     from easy_context.zigzag_ring_attn import zigzag_shard
 
     rows = res.setdefault("e2e", [])
+    record = lambda name, fn: _record(rows, "e2e", name, fn)  # noqa: E731
     world, s, hq, hkv, d, window = (E2E[n] for n in ("world", "seq", "hq", "hkv", "d", "window"))
     q, k, v, dout = _inputs(s, s, hq, hkv, d, BF16, 7, False)
     f32 = [x.float() for x in (q, k, v, dout)]
     m = KERNELS["math"]
     r_out, r_lse = m.forward(*f32[:3], True, d**-0.5)
     ref = [r_out, *m.backward(f32[3], *f32[:3], r_out, r_lse, True, d**-0.5)]
-    names = ("out", "dq", "dk", "dv")
-
-    def record(name, fn):
-        row = {"case": name}
-        try:
-            row.update(fn())
-            row.setdefault("pass", all(e < TOL_REL for n, e in row.items() if n in (*names, "dsinks")))
-        except Exception as exc:
-            row.update({"pass": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
-            traceback.print_exc()
-        rows.append(row)
-        log(f"e2e {'PASS' if row['pass'] else 'FAIL'} {name:52s} "
-            + " ".join(f"{n} {e:.2e}" if isinstance(e, float) else f"{n} {e}" for n, e in row.items()
-                       if n not in ("case", "pass")))  # fmt: skip
+    names = GRADS
 
     for sched, sim, shard in (
         ("zigzag_ring_attn", zz_sim, zigzag_shard),
@@ -338,6 +348,72 @@ def section_e2e(res: dict, args) -> None:
         return {"auto_kernel": kern.name, "pass": kern.name == "fa4"}
 
     record("kernel='auto' with softcap + window resolves to", run_api_auto)
+
+
+# --- mla -------------------------------------------------------------------------------------------------------
+MLA = {"world": 4, "seq": 4096, "heads": 16, "d_qk": 192, "d_v": 128}  # DeepSeek-V3 / Kimi-K2 after projection
+MLA_KERNELS = {"api": ("fa4", "cudnn", "auto"), "schedules": ("fa4", "cudnn")}
+
+
+def _attention_fp32(q, k, v, dout, causal):
+    """fp32 attention through autograd, V's head dim free: [out, dq, dk, dv], each (batch, seq, heads, dim)."""
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    qh, kh, vh = (x.transpose(1, 2) for x in leaves)
+    scores = (qh @ kh.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    out = (scores.softmax(-1) @ vh).transpose(1, 2)
+    out.backward(dout.float())
+    return [out.detach(), *(x.grad for x in leaves)]
+
+
+def section_mla(res: dict, args) -> None:
+    """V head dim != Q/K head dim (MLA, 192 / 128): the public API through autograd with fa4, cudnn and auto (the
+    backends pad V to 192 once, ``equal_head_dims``), and the zigzag / DistFlashAttn schedules on virtual ranks with
+    the padded tensors each rank's kernel sees, against fp32 attention with the unpadded shapes."""
+    import torch.nn.functional as F
+
+    from easy_context.core.seq_algo import equal_head_dims
+    from easy_context.dist_flash_attn import simulate as dist_sim
+    from easy_context.ulysses_attn import contiguous_shard
+    from easy_context.zigzag_ring_attn import simulate as zz_sim
+    from easy_context.zigzag_ring_attn import zigzag_shard
+
+    rows = res.setdefault("mla", [])
+    world, s, h, d_qk, d_v = (MLA[n] for n in ("world", "seq", "heads", "d_qk", "d_v"))
+    q, k = rand((1, s, h, d_qk), 11, BF16), rand((1, s, h, d_qk), 12, BF16)
+    v, dout = rand((1, s, h, d_v), 13, BF16), rand((1, s, h, d_v), 14, BF16)
+    ref = _attention_fp32(q, k, v, dout, True)
+
+    for kernel in MLA_KERNELS["api"]:
+
+        def run_api(kernel=kernel):
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = ec.get_attn_func("data_parallel", kernel=kernel)(*leaves, causal=True)
+            out.backward(dout)
+            got = [out.detach(), *(x.grad for x in leaves)]
+            shapes_ok = out.shape == v.shape and all(g.shape == x.shape for g, x in zip(got[1:], leaves))
+            auto = get_kernel(kernel, DEVICE, BF16, d_qk).name
+            errs = {n: rel(g, r) for n, g, r in zip(GRADS, got, ref)}
+            return {**errs, "kernel": auto, "pass": shapes_ok and all(e < TOL_REL for e in errs.values())}
+
+        _record(rows, "mla", f"get_attn_func('data_parallel', kernel='{kernel}') S{s} h{h} qk{d_qk}/v{d_v}", run_api)
+
+    qp, kp, vp = equal_head_dims(q, k, v)
+    doutp = F.pad(dout, (0, d_qk - d_v))
+    for sched, sim, shard in (("zigzag_ring_attn", zz_sim, zigzag_shard), ("dist_flash_attn", dist_sim,
+                                                                          contiguous_shard)):  # fmt: skip
+        for kname in MLA_KERNELS["schedules"]:
+
+            def run_sched(sim=sim, shard=shard, kname=kname):
+                (out, dq, dk, dvp), sh = _schedule(sim, shard, KERNELS[kname], qp, kp, vp, doutp, world)
+                got = [out[..., :d_v], dq, dk, dvp[..., :d_v]]
+                pads = max(out[..., d_v:].abs().max().item(), dvp[..., d_v:].abs().max().item())
+                errs = {n: rel(g, torch.cat(sh(r), 1)) for n, g, r in zip(GRADS, got, ref)}
+                return {**errs, "pad_max_abs": pads, "pass": pads == 0 and all(e < TOL_REL for e in errs.values())}
+
+            _record(rows, "mla", f"{sched} W{world} S{s} h{h} qk{d_qk}/v{d_v} (V padded), kernel {kname}", run_sched)
 
 
 # --- timing ------------------------------------------------------------------------------------------------------
@@ -475,7 +551,8 @@ def section_large(res: dict, args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sections", nargs="*", default=["env", "parity", "e2e", "timing", "compile"], choices=SECTIONS)
+    ap.add_argument("--sections", nargs="*", default=["env", "parity", "e2e", "mla", "timing", "compile"],
+                    choices=SECTIONS)  # fmt: skip
     ap.add_argument("--large", action="store_true", help="also run the 'large' section (past 2^31 elements)")
     ap.add_argument("--json", default=None, help="output path (default: $OUT/fa4_check.json, else ./fa4_check.json)")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds; sections past it are skipped")
@@ -501,7 +578,8 @@ def main() -> None:
             res["errors"][name] = f"{type(exc).__name__}: {exc}"[:1000]
             traceback.print_exc()
         out_path.write_text(json.dumps(res, indent=1, default=str))  # after every section: a timeout keeps the rest
-    checks = res.get("parity", []) + res.get("e2e", []) + ([res["large"]] if "large" in res else [])
+    checks = [row for name in ("parity", "e2e", "mla") for row in res.get(name, [])]
+    checks += [res["large"]] if "large" in res else []
     res["ok"] = bool(checks) and all(r.get("pass") for r in checks) and not res["errors"]
     res["wall_s"] = round(time.monotonic() - T0, 1)
     out_path.write_text(json.dumps(res, indent=1, default=str))
@@ -520,7 +598,7 @@ def print_table(res: dict) -> None:
         vals = " | ".join(f"{f[n]:.1e}" if n in f else "-" for n in ("out", "lse_abs", "dq", "dk", "dv"))
         print(f"| {r['case']} | {vals} | {'yes' if r['pass'] else 'NO ' + r.get('error', '')} | {cs} |")
     print("\n## schedules / API vs fp32 math (max rel err)")
-    for r in res.get("e2e", []):
+    for r in res.get("e2e", []) + res.get("mla", []):
         print(f"| {r['case']} | " + " | ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in r.items() if k not in ("case", "pass")) + " |")  # fmt: skip
     print("\n## TFLOP/s, bf16, batch 1, d 128 (fwd / fwd+bwd, fwd+bwd = 3.5x fwd FLOPs)")

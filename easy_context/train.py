@@ -18,6 +18,7 @@ import itertools
 import math
 import os
 import sys
+import time
 from contextlib import contextmanager
 
 import torch
@@ -69,6 +70,7 @@ TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate 
 
 
 def main(argv=None) -> None:
+    started = time.monotonic()  # --time-limit counts from here (start-up and model loading included)
     args = parse_args(argv)
     accelerator = make_accelerator(args)
     check_launch(accelerator, args)
@@ -149,18 +151,26 @@ def main(argv=None) -> None:
         tokens += step_tokens
         if watchdog:
             watchdog.beat(step + 1)
+        timed = args.time_limit is not None and step + 1 < last_step
+        if timed and out_of_time(started, args.time_limit, accelerator.device):
+            last_step = step + 1  # every rank takes the same decision (all-reduced): log, save the state, stop
+            if accelerator.is_main_process:
+                print(f"--time-limit {args.time_limit:g} s reached after step {last_step}: saving and stopping")
         if (step + 1) % args.log_every == 0 or step + 1 == last_step:
             row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0], skipped)
             bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
                             mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
-        if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.stop_at_step:
+        stopping = step + 1 == args.stop_at_step or step + 1 == last_step < args.max_train_steps  # or --time-limit
+        if (args.save_every and (step + 1) % args.save_every == 0) or stopping:
             if watchdog:
                 watchdog.beat(step + 1, within_s=long_phase, doing=f"saving state-step{step + 1}")
             save_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped, record,
                        layout, tokens)  # fmt: skip
             if watchdog:
                 watchdog.beat(step + 1)
+        if step + 1 == last_step:
+            break
 
     if watchdog:
         watchdog.beat(last_step, within_s=long_phase, doing="saving the final model")
@@ -303,6 +313,10 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="end this run after the first step that ends S seconds after its start (start-up included) "
+                        "with a resumable state and the model saved (time-limited jobs); the schedule still follows "
+                        "--max-train-steps")  # fmt: skip
     p.add_argument("--log-every", type=positive_int, default=1, help="print and log metrics every N steps")
     p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
     p.add_argument("--tracker", default="none", choices=TRACKERS, metavar="{none,tensorboard,wandb,...}",
@@ -645,6 +659,15 @@ def to_host(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> tuple
         return loss.item(), None
     loss, grad_norm = torch.stack([loss, torch.as_tensor(grad_norm, dtype=loss.dtype, device=loss.device)]).tolist()
     return loss, grad_norm
+
+
+def out_of_time(started: float, limit_s: float, device: torch.device) -> bool:
+    """Whether ``limit_s`` seconds have passed since ``started`` (time.monotonic) on any rank: one all-reduced flag,
+    so that every rank stops after the same step."""
+    late = torch.tensor([time.monotonic() - started >= limit_s], dtype=torch.int32, device=device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
+    return bool(late.item())
 
 
 def nonfinite_problem(step: int, loss: float, grad_norm: float | None) -> str | None:

@@ -147,6 +147,20 @@ def test_resume_continues_exactly(data_dir, tmp_path):
     assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
 
 
+def test_time_limit_stops_saves_and_resumes(data_dir, tmp_path):
+    """--time-limit 0: every rank stops after the first step together (the decision is all-reduced), with the model
+    and a resumable state saved; resuming without the limit trains the remaining steps as an uninterrupted run."""
+    run_train(data_dir, tmp_path / "full", "--parallel_mode", "zigzag_ring_attn", procs=2, steps=3)
+    res = run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--time-limit", "0",
+                    procs=2, steps=3)  # fmt: skip
+    assert "--time-limit 0 s reached after step 1" in res.stdout
+    assert len(losses(tmp_path / "part")) == 1
+    assert (tmp_path / "part" / "config.json").exists() and (tmp_path / "part" / "state-step1").is_dir()
+    run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--resume-from",
+              str(tmp_path / "part" / "state-step1"), procs=2, steps=3)  # fmt: skip
+    assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
+
+
 def test_tensorboard_tracker(data_dir, tmp_path):
     run_train(data_dir, tmp_path / "tb", "--parallel_mode", "data_parallel", "--tracker", "tensorboard", steps=2)
     events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
