@@ -137,28 +137,34 @@ def test_loss_decreases(data_dir, tmp_path):
     assert sum(got[-5:]) / 5 < 0.7 * sum(got[:5]) / 5, got
 
 
-def test_resume_continues_exactly(data_dir, tmp_path):
-    run_train(data_dir, tmp_path / "full", "--parallel_mode", "zigzag_ring_attn", procs=2, steps=6)
+@pytest.fixture(scope="module")
+def zigzag_losses(data_dir, tmp_path_factory) -> list[float]:
+    """The losses of one uninterrupted 6-step zigzag run on 2 processes (what the resumed runs must reproduce)."""
+    out = tmp_path_factory.mktemp("zigzag_full")
+    run_train(data_dir, out, "--parallel_mode", "zigzag_ring_attn", procs=2, steps=6)
+    return losses(out)
+
+
+def test_resume_continues_exactly(data_dir, tmp_path, zigzag_losses):
     run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--stop-at-step", "3", procs=2,
               steps=6)  # fmt: skip
     assert len(losses(tmp_path / "part")) == 3
     run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--resume-from",
               str(tmp_path / "part" / "state-step3"), procs=2, steps=6)  # fmt: skip
-    assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
+    assert losses(tmp_path / "part") == pytest.approx(zigzag_losses, rel=1e-5)
 
 
-def test_time_limit_stops_saves_and_resumes(data_dir, tmp_path):
+def test_time_limit_stops_saves_and_resumes(data_dir, tmp_path, zigzag_losses):
     """--time-limit 0: every rank stops after the first step together (the decision is all-reduced), with the model
     and a resumable state saved; resuming without the limit trains the remaining steps as an uninterrupted run."""
-    run_train(data_dir, tmp_path / "full", "--parallel_mode", "zigzag_ring_attn", procs=2, steps=3)
     res = run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--time-limit", "0",
-                    procs=2, steps=3)  # fmt: skip
+                    procs=2, steps=6)  # fmt: skip
     assert "--time-limit 0 s reached after step 1" in res.stdout
     assert len(losses(tmp_path / "part")) == 1
     assert (tmp_path / "part" / "config.json").exists() and (tmp_path / "part" / "state-step1").is_dir()
     run_train(data_dir, tmp_path / "part", "--parallel_mode", "zigzag_ring_attn", "--resume-from",
-              str(tmp_path / "part" / "state-step1"), procs=2, steps=3)  # fmt: skip
-    assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
+              str(tmp_path / "part" / "state-step1"), procs=2, steps=6)  # fmt: skip
+    assert losses(tmp_path / "part") == pytest.approx(zigzag_losses, rel=1e-5)
 
 
 def test_tensorboard_tracker(data_dir, tmp_path):
