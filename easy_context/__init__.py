@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _moved, usp_attn
+from . import _moved, backends, usp_attn  # noqa: F401  (backends: registers the built-in backends, in their order)
 from .compat import (  # EasyContext's per-backend names
     apply_dist_flash_attn_monkey_patch_llama,
     apply_ulysses_attn_monkey_patch_llama,

@@ -15,6 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .core.inputs import prepare_seq_parallel_inputs
+from .dist_flash_attn import prepare_inputs as _dist_flash_attn_inputs
+from .ulysses_attn import prepare_inputs as _ulysses_attn_inputs
+from .usp_attn import prepare_inputs as _usp_attn_inputs
+from .usp_attn.prepare_inputs import resolve_ring_degree
+from .zigzag_ring_attn import prepare_inputs as _zigzag_ring_attn_inputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -104,8 +109,6 @@ def prepare_usp_attn_inputs(
             f"usp_attn: ring_degree {ring_degree} x ulysses_degree {ulysses_degree} must equal world_size {world_size}"
         )
     if _USP_RING_DEGREE:
-        from .usp_attn.prepare_inputs import resolve_ring_degree
-
         patched = resolve_ring_degree(world_size, _USP_RING_DEGREE[-1])
         if patched != ring_degree:
             raise ValueError(
@@ -139,3 +142,13 @@ __all__ = [
     "prepare_usp_attn_inputs",
     "prepare_zigzag_ring_attn_inputs",
 ]
+
+# EasyContext's module paths: ``from easy_context.<backend>.prepare_inputs import prepare_<backend>_inputs`` (set here,
+# by the compatibility layer, so that the backends never import it; ``import easy_context`` imports this module)
+for _module, _prepare_fn in (
+    (_dist_flash_attn_inputs, prepare_dist_flash_attn_inputs),
+    (_ulysses_attn_inputs, prepare_ulysses_attn_inputs),
+    (_usp_attn_inputs, prepare_usp_attn_inputs),
+    (_zigzag_ring_attn_inputs, prepare_zigzag_ring_attn_inputs),
+):
+    setattr(_module, _prepare_fn.__name__, _prepare_fn)

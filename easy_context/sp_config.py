@@ -97,7 +97,7 @@ class SPConfig:
         own attention unless ``through_easy_context`` (None: only when a kernel other than ``"auto"`` is named):
         checkpoint-after-attention and the benches need easy_context's kernel interface there.
         """
-        from .hf import apply_seq_parallel_monkey_patch
+        from .hf.patch import apply_seq_parallel_monkey_patch
 
         if through_easy_context is None:
             through_easy_context = self.kernel != "auto"

@@ -1,5 +1,7 @@
 """The backends by name, the functional API over them, and the command-line flags they share.
 
+This module holds the registry only: the built-in backends register themselves in :mod:`easy_context.backends`
+(imported first by ``import easy_context``), so that the core never imports the backends built on it.
 A new backend is its sub-package (a :class:`~easy_context.core.seq_algo.SeqAlgo`) plus :func:`register_seq_algo`:
 train.py, the evals, the planner and the benches take its name, its options (:func:`add_option_args`) and its
 layout rule (:meth:`SeqAlgo.layout <easy_context.core.seq_algo.SeqAlgo.layout>`) from here.
@@ -12,7 +14,6 @@ from typing import Any
 
 import torch
 
-from .. import data_parallel, dist_flash_attn, ulysses_attn, usp_attn, zigzag_ring_attn
 from ..kernels import KERNEL_NAMES
 from .seq_algo import AttnFunc, OptionFlag, SeqAlgo
 
@@ -26,10 +27,7 @@ def register_seq_algo(algo: SeqAlgo) -> None:
     SEQ_ALGOS = tuple(_ALGOS)
 
 
-for _mod in (zigzag_ring_attn, dist_flash_attn, ulysses_attn, usp_attn, data_parallel):
-    register_seq_algo(_mod.ALGO)
-
-SEQ_ALGOS: tuple[str, ...] = tuple(_ALGOS)
+SEQ_ALGOS: tuple[str, ...] = ()  # filled by easy_context.backends (the built-ins) and later registrations
 
 
 def get_seq_algo(seq_algo: str) -> SeqAlgo:

@@ -17,12 +17,3 @@ def contiguous_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor
 
 
 __all__ = ["contiguous_multiple", "contiguous_shard", "contiguous_spans", "contiguous_unshard"]
-
-
-def __getattr__(name: str):
-    """EasyContext's name, from :mod:`easy_context.compat` (imported lazily: compat imports this module)."""
-    if name == "prepare_dist_flash_attn_inputs":
-        from ..compat import prepare_dist_flash_attn_inputs
-
-        return prepare_dist_flash_attn_inputs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,12 +19,3 @@ def contiguous_shard(value: torch.Tensor, rank: int, world_size: int, dim: int =
 def contiguous_spans(rank: int, world_size: int, seq_local: int) -> tuple[Span, ...]:
     """Rank ``rank``'s local rows are global rows ``rank * seq_local ..``."""
     return (Span(0, rank * seq_local, seq_local),)
-
-
-def __getattr__(name: str):
-    """EasyContext's name, from :mod:`easy_context.compat` (imported lazily: compat imports this module)."""
-    if name == "prepare_ulysses_attn_inputs":
-        from ..compat import prepare_ulysses_attn_inputs
-
-        return prepare_ulysses_attn_inputs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -58,12 +58,3 @@ def usp_spans(rank: int, world_size: int, seq_local: int, ring_degree: int | Non
     uly = world_size // ring_degree
     ring_shard = zigzag_spans(ring_idx, ring_degree, seq_local * uly)
     return restrict(ring_shard, uly_idx * seq_local, seq_local)
-
-
-def __getattr__(name: str):
-    """EasyContext's name, from :mod:`easy_context.compat` (imported lazily: compat imports this module)."""
-    if name == "prepare_usp_attn_inputs":
-        from ..compat import prepare_usp_attn_inputs
-
-        return prepare_usp_attn_inputs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,12 +34,3 @@ def zigzag_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     halves = [s.chunk(2, dim=dim) for s in shards]
     ordered = [halves[r][0] for r in range(world)] + [halves[r][1] for r in reversed(range(world))]
     return torch.cat(ordered, dim=dim)
-
-
-def __getattr__(name: str):
-    """EasyContext's name, from :mod:`easy_context.compat` (imported lazily: compat imports this module)."""
-    if name == "prepare_zigzag_ring_attn_inputs":
-        from ..compat import prepare_zigzag_ring_attn_inputs
-
-        return prepare_zigzag_ring_attn_inputs
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
