@@ -1,8 +1,10 @@
-"""easy_context SP inside transformers.Trainer / TRL's SFTTrainer: 2 gloo processes reproduce one process.
+"""easy_context SP inside transformers.Trainer / TRL's SFTTrainer: 2 gloo processes reproduce one process, under
+DDP, FSDP2 and DeepSpeed ZeRO-3 with CPU offload.
 
 The runs are tests/trainer_job.py's: one job of 1-process references (plain Trainer / SFTTrainer), one
-``accelerate launch`` of 2 processes with SequenceParallelTrainer that ends with the bad setups (both bounded by
-run_job: a hang fails the test, and every process of the job is killed).
+``accelerate launch`` of 2 processes with SequenceParallelTrainer under DDP and FSDP2 that ends with the bad setups,
+one launch with accelerate_configs/cpu_zero3.yaml for ZeRO-3 and its bad setups (each bounded by run_job: a hang
+fails the test, and every process of the job is killed).
 """
 
 from __future__ import annotations
@@ -21,13 +23,22 @@ from easy_context.sp_config import sp_config_for
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu_2proc.yaml"]
-REL = 1e-5  # fp32: ring / all-to-all attention and sharded loss sums only reorder float additions
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+REL = 1e-5  # fp32: ring / all-to-all attention, sharded loss sums and ZeRO-3 / FSDP2 reductions reorder additions
+WEIGHTS_ATOL = 1e-4  # see assert_same_weights
 
 
-def job_env() -> dict[str, str]:
-    return {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
+def job_env(cpu: bool = True) -> dict[str, str]:
+    """``cpu``: ACCELERATE_USE_CPU=1 (DDP / FSDP2 jobs); False for DeepSpeed, which it would switch off. DeepSpeed's
+    CPU ops (cpu_adam, the shm collective) are built on first use into the cache tests/test_train.py uses too."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "TORCH_EXTENSIONS_DIR": str(ROOT / ".venv" / "torch_extensions")}  # fmt: skip
+    if cpu:
+        env["ACCELERATE_USE_CPU"] = "1"
+    else:
+        env.pop("ACCELERATE_USE_CPU", None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +53,8 @@ def jobs(out_dir) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
     out = out_dir
     ref = run_job([sys.executable, "tests/trainer_job.py", "ref", str(out)], cwd=ROOT, env=job_env(), timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    sp = run_job([*LAUNCH, "tests/trainer_job.py", "sp", str(out)], cwd=ROOT, env=job_env(), timeout=300)
+    cmd = [*LAUNCH, "accelerate_configs/cpu_2proc.yaml", "tests/trainer_job.py", "sp", str(out)]
+    sp = run_job(cmd, cwd=ROOT, env=job_env(), timeout=300)
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert {"lm_zigzag", "sft_zigzag", "sft_ulysses_logits", "sft_dp2_zigzag"} <= set(results), sp.stderr[-3000:]
     return results, sp
@@ -51,6 +63,19 @@ def jobs(out_dir) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
 @pytest.fixture(scope="module")
 def runs(jobs) -> dict[str, dict]:
     return jobs[0]
+
+
+@pytest.fixture(scope="module")
+def zero3_job(jobs, out_dir) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
+    """The ZeRO-3 runs' results by name (after ``jobs``: they start from its reference's saved initial weights) and
+    the job: ``accelerate launch`` with accelerate_configs/cpu_zero3.yaml (zero3_offload.json: parameters and
+    optimizer state offloaded, DeepSpeedCPUAdam), as on GPUs. A cold DeepSpeed op cache adds ~2 min of builds."""
+    pytest.importorskip("deepspeed")
+    cmd = [*LAUNCH, "accelerate_configs/cpu_zero3.yaml", "tests/trainer_job.py", "zero3", str(out_dir)]
+    res = run_job(cmd, cwd=ROOT, env=job_env(cpu=False), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    names = ("lm_zigzag_zero3", "lm_ulysses_logits_zero3")
+    return {name: json.loads((out_dir / f"{name}.json").read_text()) for name in names}, res
 
 
 def assert_same_run(got: dict, ref: dict, name: str) -> None:
@@ -62,18 +87,49 @@ def assert_same_run(got: dict, ref: dict, name: str) -> None:
         assert got["eval_loss"] == pytest.approx(ref["eval_loss"], rel=REL), name
 
 
+def assert_same_weights(out_dir: Path, name: str, ref: str = "lm") -> None:
+    """The run's saved checkpoint (a plain transformers one: the loss head keeps the model's parameter names) holds
+    the reference's trained weights. Adam's m / sqrt(v) turns float noise in near-zero gradients into steps of up to
+    ~lr: WEIGHTS_ATOL is 1/80 of the 4 steps' largest total update (4 x lr); measured differences are <= 6e-5."""
+    from safetensors.torch import load_file
+
+    got, want = (load_file(out_dir / run / "final" / "model.safetensors") for run in (name, ref))
+    assert got.keys() == want.keys() and "lm_head.weight" in want, name
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=WEIGHTS_ATOL, msg=f"{name}: {key}")
+
+
 def test_trainer_zigzag_reproduces_one_process(runs, out_dir):
     """Trainer, 4 steps of 2 accumulated micro-batches, length 30 padded to zigzag's multiple 32: the 2-rank SP
     group logs the losses and grad norms of the 1-process Trainer (and its evaluate loss), and saves the same
-    weights as a plain transformers checkpoint (the loss head keeps the model's parameter names)."""
-    from safetensors.torch import load_file
-
+    weights."""
     assert_same_run(runs["lm_zigzag"], runs["lm"], "lm_zigzag")
-    got, ref = (load_file(out_dir / name / "final" / "model.safetensors") for name in ("lm_zigzag", "lm"))
-    assert got.keys() == ref.keys() and "lm_head.weight" in ref
-    for key in ref:  # Adam's m / sqrt(v) turns float noise in near-zero gradients into steps of up to ~lr:
-        # 1e-4 is 1/80 of the 4 steps' largest total update (4 x lr), measured differences are <= 2e-5
-        torch.testing.assert_close(got[key], ref[key], rtol=0, atol=1e-4, msg=key)
+    assert_same_weights(out_dir, "lm_zigzag")
+
+
+def test_trainer_under_fsdp2_reproduces_one_process(jobs, out_dir):
+    """The zigzag run under FSDP2 (accelerate's fsdp2_prepare_model: each decoder layer, the embedding and [final
+    norm, LM head] sharded over the 2 ranks, weights loaded from rank 0 (cpu_ram_efficient_loading); the grad norm of
+    the DTensor gradients; a full state dict on save): the 1-process Trainer's losses, grad norms, evaluate loss and
+    weights."""
+    results, job = jobs
+    assert "lm_zigzag_fsdp2" in results, job.stderr[-3000:]
+    got = results["lm_zigzag_fsdp2"]
+    assert got["engine"] == "FSDP" and got["head"] == "DTensor"
+    assert_same_run(got, results["lm"], "lm_zigzag_fsdp2")
+    assert_same_weights(out_dir, "lm_zigzag_fsdp2")
+
+
+@pytest.mark.parametrize("name", ["lm_zigzag_zero3", "lm_ulysses_logits_zero3"])
+def test_trainer_under_zero3_offload_reproduces_one_process(zero3_job, runs, out_dir, name):
+    """ZeRO-3 with CPU offload, the model loaded after the arguments (partitioned as it loads, the LM head too):
+    zigzag with the chunked loss inside the LM head (whose weight ZeRO-3 gathers around the head's forward) and
+    Ulysses with the model's own logits log the 1-process Trainer's losses, DeepSpeed's grad norms, the evaluate loss,
+    and save its weights (gathered on save)."""
+    got = zero3_job[0][name]
+    assert got["engine"] == "DEEPSPEED" and got["partitioned_at_load"]
+    assert_same_run(got, runs["lm"], name)
+    assert_same_weights(out_dir, name)
 
 
 @pytest.mark.parametrize("name, ref", [("sft_zigzag", "sft"), ("sft_ulysses_logits", "sft"),
@@ -107,6 +163,27 @@ def test_bad_setups_fail_clearly_on_every_rank(jobs):
     assert res.returncode != 0
     assert "an attention_mask that is not right padding" in text
     assert "another rank refused its batch" in text
+
+
+def test_sharding_engine_misconfigurations_fail_clearly(jobs, zero3_job):
+    """An FSDP or DeepSpeed setup that accelerate would not run as asked (on CPU it drops FSDP, and DeepSpeed under
+    ACCELERATE_USE_CPU, training with DDP; TrainingArguments without a gloo backend leaves DeepSpeed's accelerate
+    state at 1 process), or DeepSpeed's own sequence parallelism on top: one ValueError line on every rank, at
+    construction, naming the fix."""
+    text = jobs[1].stdout + jobs[1].stderr + zero3_job[1].stdout + zero3_job[1].stderr
+    head = "SequenceParallelTrainer: not supported with easy_context sequence parallelism: "
+    expected = {
+        "fsdp on cpu": "FSDP was asked for but accelerate runs MULTI_CPU (accelerate",
+        "no gloo": "the launcher started 2 processes but the accelerator runs 1 (DeepSpeed on CPU: give the "
+        "DeepSpeed config to accelerate launch",
+        "ACCELERATE_USE_CPU": "DeepSpeed was asked for but accelerate runs MULTI_CPU: ACCELERATE_USE_CPU=1",
+        "two sp schemes": "DeepSpeed's own sequence parallelism (sequence_parallel_size=2",
+    }
+    for rank in (0, 1):
+        for name, message in expected.items():
+            assert f"rank {rank} ERROR {name}: {head}{message}" in text, (name, text[-3000:])
+            assert f"rank {rank} {name}: constructed" not in text
+    assert "ddp_backend='gloo'" in text and "drop fsdp / fsdp_config on CPU" in text
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ What the mixin changes (everything else is the wrapped Trainer's):
   step and takes their mean, which divides the ``W`` back out.
 * **loss head**: by default easy_context's chunked linear cross-entropy inside the LM head (no ``(batch, seq_local,
   vocab)`` logits: :class:`~easy_context.loss.LMHeadWithLoss`); ``sp_loss="logits"`` uses the model's own logits.
+* **engines**: DDP, FSDP2 and DeepSpeed ZeRO-3 wrap the model as they do for a plain Trainer; the loss goes through
+  the wrapped model's forward and the head's own forward, so FSDP2 unshards and ZeRO-3 gathers the head's weight
+  around it. All three average gradients over the ``W`` processes, which the loss scaling above undoes. An engine
+  asked for that accelerate does not run (on CPU it drops FSDP, and DeepSpeed under ACCELERATE_USE_CPU; without a
+  gloo backend DeepSpeed's state counts 1 process) is refused at construction, with the fix.
 """
 
 from __future__ import annotations
@@ -164,6 +169,11 @@ def install_loss_forward(model: PreTrainedModel, impl: str = "chunked") -> PreTr
     return model
 
 
+def _env_flag(name: str) -> bool:
+    """Whether the environment variable ``name`` is set to a true value (as accelerate reads its flags)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     """The PreTrainedModel under PEFT (``get_base_model``) or returned as is."""
     base = getattr(model, "get_base_model", None)
@@ -187,7 +197,8 @@ class SequenceParallelMixin:
 
     Not supported (``ValueError`` at construction): ``compute_loss_func``, label smoothing, TRL's ``loss_type``
     other than ``"nll"``, MoE router aux losses, ``n_gpu > 1`` (torch DataParallel), accelerate's own CP/SP
-    (``parallelism_config``), ``train_sampling_strategy="batch_rebalance"``, ``dispatch_batches=True``. Evaluation
+    (``parallelism_config``) or DeepSpeed's (``sequence_parallel_size``), ``train_sampling_strategy="batch_rebalance"``,
+    ``dispatch_batches=True``, an FSDP / DeepSpeed setup that accelerate would not run as asked. Evaluation
     computes the loss only (``prediction_loss_only``): logits are sharded over the SP group.
     """
 
@@ -227,9 +238,14 @@ class SequenceParallelMixin:
         problems = []
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         running = self.accelerator.num_processes
+        wants_deepspeed = getattr(args, "deepspeed_plugin", None) is not None or _env_flag("ACCELERATE_USE_DEEPSPEED")
         if launched != running:  # each process would train alone on whole sequences
-            problems.append(f"the launcher started {launched} processes but the accelerator runs {running} "
-                            "(on CPU: use_cpu=True or ACCELERATE_USE_CPU=1)")  # fmt: skip
+            fix = ("DeepSpeed on CPU: give the DeepSpeed config to accelerate launch (distributed_type: DEEPSPEED, "
+                   "e.g. accelerate_configs/cpu_zero3.yaml) rather than TrainingArguments(deepspeed=...), and pass "
+                   "ddp_backend='gloo'" if wants_deepspeed
+                   else "on CPU: use_cpu=True or ACCELERATE_USE_CPU=1")  # fmt: skip
+            problems.append(f"the launcher started {launched} processes but the accelerator runs {running} ({fix})")
+        problems += self._engine_problems(wants_deepspeed)
         if getattr(self, "compute_loss_func", None) is not None:
             problems.append("compute_loss_func (the loss is computed per shard here)")
         if args.label_smoothing_factor:
@@ -251,6 +267,30 @@ class SequenceParallelMixin:
         if problems:
             raise ValueError(f"{type(self).__name__}: not supported with easy_context sequence parallelism: "
                              + "; ".join(problems))  # fmt: skip
+
+    def _engine_problems(self, wants_deepspeed: bool) -> list[str]:
+        """The sharding engine asked for (DeepSpeed, FSDP) against the one accelerate runs: accelerate drops either
+        without a word on CPU (the job would train under DDP, unsharded); DeepSpeed's own sequence parallelism."""
+        import accelerate
+        from accelerate.utils import DistributedType
+
+        running = self.accelerator.distributed_type
+        problems = []
+        if wants_deepspeed and running != DistributedType.DEEPSPEED:
+            problems.append(f"DeepSpeed was asked for but accelerate runs {running.value}: ACCELERATE_USE_CPU=1 (or "
+                            "accelerate launch --cpu) switches DeepSpeed off; on CPU unset it and pass "
+                            "ddp_backend='gloo'")  # fmt: skip
+        wants_fsdp = getattr(self.args, "fsdp_plugin_args", None) is not None or _env_flag("ACCELERATE_USE_FSDP")
+        if wants_fsdp and running != DistributedType.FSDP:
+            problems.append(f"FSDP was asked for but accelerate runs {running.value} (accelerate "
+                            f"{accelerate.__version__} enables FSDP on GPU-type devices only and trains with DDP on "
+                            "CPU): drop fsdp / fsdp_config on CPU (DDP computes the same), or run on GPUs")  # fmt: skip
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        ds_sp = (getattr(plugin, "deepspeed_config", None) or {}).get("sequence_parallel_size", 1)
+        if isinstance(ds_sp, int) and ds_sp > 1:
+            problems.append(f"DeepSpeed's own sequence parallelism (sequence_parallel_size={ds_sp} in the DeepSpeed "
+                            "config; one scheme at a time: remove it)")  # fmt: skip
+        return problems
 
     def _pad_token_id(self, model: PreTrainedModel) -> int:
         for owner in (self.processing_class, getattr(self.processing_class, "tokenizer", None), model.config):
