@@ -20,6 +20,7 @@ SCALED = {
     "granite": ("GraniteConfig", 4.0),
     "granitemoe": ("GraniteMoeConfig", 4.0),
     "hyperclovax": ("HyperCLOVAXConfig", 4.0),
+    "falcon_h1": ("FalconH1Config", 4.0),
     "minicpm3": ("MiniCPM3Config", None),  # logits_scaling is hidden_size / dim_model_base (a property): 64 / 16
 }
 
@@ -45,8 +46,9 @@ def scaled_model(model_type: str):
     return model
 
 
-@pytest.mark.parametrize("model_type", list(SCALED))
-@pytest.mark.parametrize("impl", ["chunked", "plain"])
+@pytest.mark.parametrize(
+    "model_type,impl", [(m, "chunked") for m in SCALED] + [("cohere", "plain"), ("granite", "plain")]
+)  # the scale is applied before the implementation is chosen: two models suffice for the second one
 def test_loss_and_gradients_equal_the_models_own(model_type, impl):
     torch.manual_seed(1)
     ids = torch.randint(0, 128, (2, 24))
