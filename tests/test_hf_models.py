@@ -222,17 +222,6 @@ def test_guard_sees_positional_arguments_and_the_decoder(dist_pool):
         assert len(errors) == 2 and "padding attention_mask" in errors[0] and "pass position_ids" in errors[1]
 
 
-def test_logit_scaling_models_are_rejected():
-    from transformers import AutoModelForCausalLM, GraniteConfig
-
-    from easy_context.loss import CausalLMWithLoss
-
-    cfg = GraniteConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=128, logits_scaling=4.0)  # fmt: skip
-    with pytest.raises(NotImplementedError, match="logits_scaling"):
-        CausalLMWithLoss(AutoModelForCausalLM.from_config(cfg))
-
-
 def test_data_parallel_patch_is_an_explicit_choice():
     """data_parallel with kernel auto keeps the model's own attention unless ``always`` asks for ours (what
     checkpoint-after-attention needs); the outputs are the same either way."""

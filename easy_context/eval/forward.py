@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import easy_context as ec
 
+from ..loss.logit_scale import logit_multiplier
 from .runtime import EvalRuntime
 
 
@@ -42,12 +43,12 @@ def _shard(
 def _head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """LM-head logits (fp32) of ``hidden`` (n, H), with the model's final soft-capping if it has one."""
     logits = model.get_output_embeddings()(hidden).float()  # a module call: ZeRO-3 gathers the weight here
+    scale = logit_multiplier(model.config)  # Cohere multiplies, Granite divides, ... (loss/logit_scale.py)
+    if scale != 1.0:
+        logits = logits * scale
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
-    scale = getattr(model.config, "logit_scale", None)
-    if scale not in (None, 1.0):
-        logits = logits * scale
     return logits
 
 

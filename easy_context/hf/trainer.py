@@ -148,11 +148,13 @@ def install_loss_forward(model: PreTrainedModel, impl: str = "chunked") -> PreTr
     vocab)`` logits for ``impl="chunked"``. Without ``ec_targets`` the forward is the model's own (generate, eval).
 
     Going through ``model.forward`` keeps DDP / FSDP / DeepSpeed wrappers in the call (their hooks run).
-    Models that scale their logits raise ``NotImplementedError`` (use ``sp_loss="logits"``).
+    Models that scale their logits (Cohere, Granite, ...) are scaled as the model does
+    (:mod:`easy_context.loss.logit_scale`); a model type with an unknown scaling raises ``NotImplementedError``.
     """
     if getattr(model, "_easy_context_loss_forward", None) == impl:
         return model
-    softcap = CausalLMWithLoss(model, impl=impl).softcap  # checks the model, installs LMHeadWithLoss (same weights)
+    wrapped = CausalLMWithLoss(model, impl=impl)  # checks the model, installs LMHeadWithLoss (same weights)
+    softcap, scale = wrapped.softcap, wrapped.logit_scale
     original = model.forward
 
     @functools.wraps(original)  # the signature Trainer inspects (remove_unused_columns) stays the model's
@@ -162,7 +164,8 @@ def install_loss_forward(model: PreTrainedModel, impl: str = "chunked") -> PreTr
         if args:
             raise TypeError("pass input_ids and position_ids by keyword with ec_targets")
         out = model.get_decoder()(input_ids=kwargs["input_ids"], position_ids=kwargs["position_ids"], use_cache=False)
-        return model.get_output_embeddings()(out.last_hidden_state, ec_targets, logit_softcapping=softcap)
+        return model.get_output_embeddings()(out.last_hidden_state, ec_targets, logit_softcapping=softcap,
+                                             logit_scale=scale)  # fmt: skip
 
     model.forward = forward
     model._easy_context_loss_forward = impl

@@ -25,6 +25,7 @@ from .fused_ce import (
 )
 from .global_loss import all_reduce_count, count_valid_targets, global_mean_for_logging, global_mean_loss
 from .lm_head import HEAD_LOSS_IMPLS, CausalLMWithLoss, LMHeadWithLoss
+from .logit_scale import LOGIT_SCALING, logit_multiplier
 from .select import LOSS_CHOICES, resolve_loss_impl
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "IGNORE_INDEX",
     "LCE_IMPLS",
+    "LOGIT_SCALING",
     "LOSS_CHOICES",
     "all_reduce_count",
     "cce_linear_cross_entropy",
@@ -43,6 +45,7 @@ __all__ = [
     "global_mean_loss",
     "liger_linear_cross_entropy",
     "linear_cross_entropy",
+    "logit_multiplier",
     "plain_linear_cross_entropy",
     "resolve_loss_impl",
 ]

@@ -14,6 +14,7 @@ from torch import nn
 
 from .chunked_ce import DEFAULT_CHUNK_SIZE, IGNORE_INDEX
 from .fused_ce import LCE_IMPLS, linear_cross_entropy
+from .logit_scale import logit_multiplier
 
 HEAD_LOSS_IMPLS = (*LCE_IMPLS, "flash_attn")
 
@@ -53,9 +54,16 @@ class LMHeadWithLoss(nn.Module):
         shape = getattr(self.weight, "ds_shape", self.weight.shape)  # ZeRO-3 partitions params to shape (0,)
         self.out_features, self.in_features = int(shape[0]), int(shape[1])
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, logit_softcapping=None):
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, logit_softcapping=None,
+                logit_scale: float = 1.0):  # fmt: skip
+        """Logits (no ``targets``: the head as the model calls it), else the loss of ``logit_scale`` x logits, then
+        soft-capped (the model's own order; :mod:`easy_context.loss.logit_scale`)."""
         if targets is None:
             return F.linear(hidden, self.weight, self.bias)
+        if logit_scale != 1.0:
+            if self.bias is not None:
+                raise NotImplementedError("a logit scale with an LM-head bias; use a model without one")
+            hidden = hidden * logit_scale  # (m h) W^T = m (h W^T): the same loss for every implementation
         if self.impl == "flash_attn":
             return _flash_attn_cross_entropy(F.linear(hidden, self.weight, self.bias), targets)
         return linear_cross_entropy(
@@ -75,11 +83,7 @@ class CausalLMWithLoss(nn.Module):
     def __init__(self, model: nn.Module, impl: str = "chunked", chunk_size: int = DEFAULT_CHUNK_SIZE):
         super().__init__()
         impl = _resolve(impl)  # "auto" once, here: self.impl is what runs
-        for attr in ("logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier_scale"):
-            if getattr(model.config, attr, None) not in (None, 1, 1.0):
-                raise NotImplementedError(
-                    f"models that scale their logits (config.{attr}={getattr(model.config, attr)}) are not supported"
-                )
+        self.logit_scale = logit_multiplier(model.config)  # Cohere, Granite, ...: 1.0 for most models
         head = model.get_output_embeddings()
         if not isinstance(head, LMHeadWithLoss):
             model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
@@ -93,4 +97,5 @@ class CausalLMWithLoss(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor):
         out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        return self.model.get_output_embeddings()(out.last_hidden_state, targets, logit_softcapping=self.softcap)
+        return self.model.get_output_embeddings()(out.last_hidden_state, targets, logit_softcapping=self.softcap,
+                                                  logit_scale=self.logit_scale)  # fmt: skip
