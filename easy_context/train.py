@@ -198,6 +198,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """argparse type: a number of seconds >= 0."""
+    value = float(text)
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
 class PrintConfigPath(argparse.Action):
     """``--print-config-path NAME``: print a shipped launch config's path and exit (no other flag needed)."""
 
@@ -313,7 +321,7 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
-    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+    p.add_argument("--time-limit", type=seconds, default=None, metavar="S",
                    help="end this run after the first step that ends S seconds after its start (start-up included) "
                         "with a resumable state and the model saved (time-limited jobs); the schedule still follows "
                         "--max-train-steps")  # fmt: skip

@@ -197,6 +197,7 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--vocab-size", "512"), "--vocab-size is for --dataset random"),
         (("--sp-size", "3"), "error: --sp-size 3:"),
         (("--parallel_mode", "zigzag_ring_attn", "--ring_degree", "2"), "--ring_degree does not apply to zigzag"),
+        (("--time-limit", "-1"), "must be a number of seconds >= 0, got -1"),
     ],
 )
 def test_bad_flags_fail_with_one_line(data_dir, tmp_path, extra, message):
