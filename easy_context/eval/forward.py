@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import easy_context as ec
 
+from ..hf.support import decoder_of
 from ..loss.logit_scale import logit_multiplier
 from .runtime import EvalRuntime
 
@@ -57,7 +58,7 @@ def logits_at(model, runtime: EvalRuntime, ids: list[int], positions: list[int],
     """fp32 ``(len(positions), vocab)`` logits at ``positions`` of the sequence ``ids`` (same on every rank)."""
     full = torch.tensor([ids], dtype=torch.long)
     local_ids, local_pos, _ = _shard(runtime, full, full, pad_id)
-    hidden = model.get_decoder()(input_ids=local_ids, position_ids=local_pos, use_cache=False).last_hidden_state
+    hidden = decoder_of(model)(input_ids=local_ids, position_ids=local_pos, use_cache=False).last_hidden_state
     want = torch.tensor(positions, dtype=torch.long, device=local_pos.device)
     rows, slots = (local_pos[0].unsqueeze(1) == want.unsqueeze(0)).nonzero(as_tuple=True)
     picked = _head_logits(model, hidden[0, rows])  # every rank calls the head, even with 0 rows (ZeRO-3)

@@ -8,8 +8,9 @@ Features our attention cannot honour raise a clear error instead of computing so
 
 Attention variants (docs/attention_variants.md) come from the kwargs transformers passes: ``softcap`` (Gemma 2's
 ``attn_logit_softcapping``, else the module config's), ``sliding_window`` (Mistral, Qwen2, and the sliding layers of
-Gemma 2/3 and gpt-oss; None on full-attention layers) and ``s_aux`` (gpt-oss' ``module.sinks``, one logit per
-head); every backend computes them exactly, forward and backward.
+Gemma 2/3 and gpt-oss; None on full-attention layers; where a model does not pass it, the window its own mask uses:
+Qwen2-MoE, Phi-MoE) and ``s_aux`` (gpt-oss' ``module.sinks``, one logit per head); every backend computes them
+exactly, forward and backward. Any other keyword with a value (``position_bias``, a sparse ``indices``) is refused.
 
 Packed documents follow transformers' rule (:mod:`easy_context.core.documents`): ``position_ids`` that do not increase
 by one inside a row start a new document, and attention stays inside each document. ``position_ids`` here is this
@@ -37,13 +38,25 @@ def _full_length(seq_algo: str, local_len: int) -> int:
     return local_len * dist.get_world_size(get_sp_group())
 
 
+# Keywords transformers models pass to attention functions that leave softmax attention as it is (routing outputs,
+# packing metadata that :func:`_documents` reads, flags), or that :func:`variants` computes. Any other keyword with a
+# value is refused: a model that passes e.g. ``position_bias`` (Inkling), ``indices`` (DSA sparse attention) or
+# ``sinks`` expects the attention to use it, and ignoring it would silently compute other attention.
+KNOWN_KWARGS = frozenset({
+    "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "is_causal",
+    "use_cache", "output_attentions", "output_hidden_states", "output_router_logits", "return_dict",
+    "num_items_in_batch", "cache_position", "sliding_window", "softcap", "s_aux",
+})  # fmt: skip
+
+
 def check_supported(module: torch.nn.Module, seq_algo: str, query: torch.Tensor, attention_mask, dropout, kwargs):
     """Raise for attention features the SP backends do not implement (never silently wrong attention)."""
     if attention_mask is not None:
         raise NotImplementedError(
-            f"{seq_algo}: an attention mask reached sequence-parallel attention; only causal attention over packed "
-            "sequences is supported, with documents marked by position_ids that restart at 0 (no padding mask: pad "
-            "at the end with target -100)"
+            f"{seq_algo}: an attention mask reached sequence-parallel attention (transformers builds none for it: "
+            f"{type(module).__name__} made its own, e.g. a learned dynamic mask, which easy_context does not "
+            "implement); only causal attention over packed sequences is supported, with documents marked by "
+            "position_ids that restart at 0 (no padding mask: pad at the end with target -100)"
         )
     if dropout:
         raise NotImplementedError(
@@ -51,17 +64,43 @@ def check_supported(module: torch.nn.Module, seq_algo: str, query: torch.Tensor,
         )
     if kwargs.get("output_attentions"):
         raise NotImplementedError(f"{seq_algo}: output_attentions is not available with sequence parallelism")
+    unknown = sorted(k for k, v in kwargs.items() if k not in KNOWN_KWARGS and v is not None and v is not False)
+    if unknown:
+        raise NotImplementedError(
+            f"{seq_algo}: {type(module).__name__} passes {', '.join(unknown)} to its attention function; easy_context "
+            "does not implement what it changes in attention (it would be silently ignored), so this model is not "
+            "supported"
+        )
+
+
+def sliding_window(module: torch.nn.Module, kwargs: dict[str, Any]) -> int | None:
+    """This layer's causal window: transformers' ``sliding_window`` keyword when the model passes one (None on full
+    layers), else what the model's own mask uses: ``module.sliding_window`` (Qwen2-MoE sets it on sliding layers),
+    else ``config.sliding_window`` on the layers ``config.layer_types`` marks sliding, or on every layer when the
+    config has no layer types (Phi-MoE's mask windows them all); off with ``config.use_sliding_window = False``."""
+    if "sliding_window" in kwargs:
+        return kwargs["sliding_window"]
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    config = getattr(module, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types, layer = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if layer_types and layer is not None:
+        return window if layer_types[layer] == "sliding_attention" else None
+    return window
 
 
 def variants(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The soft-cap, sliding window and sinks of this call (keywords of the SP attention function), from
     transformers' kwargs (``softcap``, ``sliding_window``, ``s_aux``) or, where a model keeps them on the module
-    without passing them, ``config.attn_logit_softcapping`` and ``module.sinks``."""
+    or config without passing them, ``config.attn_logit_softcapping``, :func:`sliding_window` and ``module.sinks``."""
     softcap = kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
     sinks = kwargs.get("s_aux")
     if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
         sinks = module.sinks
-    return {"softcap": softcap or None, "sliding_window": kwargs.get("sliding_window"), "sinks": sinks}
+    return {"softcap": softcap or None, "sliding_window": sliding_window(module, kwargs), "sinks": sinks}
 
 
 def _documents(seq_algo: str, options: dict[str, Any], query: torch.Tensor, kwargs) -> Documents | None:
@@ -96,6 +135,15 @@ def _documents_from_cu(seq_algo: str, cu_q, cu_k, full: int, batch: int) -> Docu
     return documents_from_cu_seqlens(cu_q)
 
 
+_CALLS = [0]
+
+
+def attention_calls() -> int:
+    """How many times any easy_context attention function ran in this process (the patch's hooks use the count to
+    detect a forward that never reached it)."""
+    return _CALLS[0]
+
+
 def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
     """The transformers attention function for ``seq_algo`` (``options``: kernel, ring_degree, ...)."""
     attn = get_attn_func(seq_algo, **options)
@@ -110,6 +158,7 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        _CALLS[0] += 1
         check_supported(module, seq_algo, query, attention_mask, dropout, kwargs)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
         documents = _documents(seq_algo, options, query, kwargs)

@@ -10,6 +10,10 @@ A forward pre-hook on the model guards what the attention function cannot see: a
 (each rank must pass the global positions of its shard) and KV caches (off for SP). An all-ones mask is dropped,
 except next to packed documents: transformers masks documents only without an ``attention_mask`` (with one it
 attends across them), so that combination is refused rather than guessed.
+
+Models the attention cannot serve are refused when patched (:mod:`easy_context.hf.support`: recurrent / convolution /
+sparse layer kinds, attention outside ``AttentionInterface``) or at the first forward that never reaches it; RoPE
+modules whose frequencies depend on the largest position id see the SP group's (docs/models.md).
 """
 
 from __future__ import annotations
@@ -23,8 +27,17 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..core.documents import local_documents
+from ..core.groups import get_sp_group
 from ..core.registry import get_seq_algo
-from .attention import make_hf_attention
+from .attention import attention_calls, make_hf_attention
+from .support import (
+    attention_not_called,
+    check_model_supported,
+    check_switched,
+    decoder_of,
+    global_rope_positions,
+    sequence_dependent_rope,
+)
 
 _TYPE_PATCHES: dict[str, tuple[str, dict[str, Any]]] = {}
 _POST_INIT_PATCHED = False
@@ -82,15 +95,37 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
     return hook
 
 
+def _check_called(seq_algo: str):
+    """A pre/post forward hook pair: the forward must have called easy_context's attention at least once."""
+
+    def before(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        module._easy_context_calls = attention_calls()
+
+    def after(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output) -> None:
+        if attention_calls() == getattr(module, "_easy_context_calls", None):
+            raise attention_not_called(module, seq_algo)
+
+    return before, after
+
+
 def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
-    model.set_attn_implementation(attention_name(seq_algo, **options))
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    for module in {id(m): m for m in (model, decoder) if m is not None}.values():  # the LM and its decoder
-        old = getattr(module, "_easy_context_guard", None)
-        if old is not None:
-            old.remove()
-        module._easy_context_guard = module.register_forward_pre_hook(_guard_inputs(seq_algo, options),
-                                                                      with_kwargs=True)  # fmt: skip
+    sharded = get_seq_algo(seq_algo).distributed
+    check_model_supported(model, seq_algo, sharded)
+    name = attention_name(seq_algo, **options)
+    model.set_attn_implementation(name)
+    check_switched(model, seq_algo, name)
+    decoder = decoder_of(model)
+    for module in {id(m): m for m in (model, decoder)}.values():  # the LM and its decoder
+        for handle in getattr(module, "_easy_context_hooks", ()):
+            handle.remove()
+        hooks = [module.register_forward_pre_hook(_guard_inputs(seq_algo, options), with_kwargs=True)]
+        if sharded:
+            before, after = _check_called(seq_algo)
+            hooks += [module.register_forward_pre_hook(before, with_kwargs=True),
+                      module.register_forward_hook(after, with_kwargs=True)]  # fmt: skip
+        module._easy_context_hooks = tuple(hooks)
+    for rotary in sequence_dependent_rope(model):  # installed when sharded, removed otherwise
+        global_rope_positions(rotary, get_sp_group if sharded else None)
     return model
 
 

@@ -58,6 +58,7 @@ from ..core.inputs import pad_seq_parallel_inputs
 from ..loss import HEAD_LOSS_IMPLS, CausalLMWithLoss, count_valid_targets, global_mean_for_logging, global_mean_loss
 from ..sp_config import SPConfig, resolve_sp_config
 from ..training.dataloader import batch_checksum
+from .support import decoder_of
 
 IGNORE_INDEX = -100
 SP_LOSSES = (*HEAD_LOSS_IMPLS, "logits")
@@ -163,7 +164,7 @@ def install_loss_forward(model: PreTrainedModel, impl: str = "chunked") -> PreTr
             return original(*args, **kwargs)
         if args:
             raise TypeError("pass input_ids and position_ids by keyword with ec_targets")
-        out = model.get_decoder()(input_ids=kwargs["input_ids"], position_ids=kwargs["position_ids"], use_cache=False)
+        out = decoder_of(model)(input_ids=kwargs["input_ids"], position_ids=kwargs["position_ids"], use_cache=False)
         return model.get_output_embeddings()(out.last_hidden_state, ec_targets, logit_softcapping=softcap,
                                              logit_scale=scale)  # fmt: skip
 

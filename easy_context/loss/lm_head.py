@@ -72,6 +72,28 @@ class LMHeadWithLoss(nn.Module):
         )  # fmt: skip
 
 
+def check_plain_head(model: nn.Module, head: nn.Module) -> None:
+    """Raise unless ``model``'s logits are ``head(decoder(...).last_hidden_state)`` with ``head`` a plain Linear: the
+    loss computes ``hidden @ W^T + b`` itself and would silently skip anything else (a per-token logit scale in the
+    head's forward: Dory; a prediction head between the decoder and the output layer: ModernBERT decoder)."""
+    from ..hf.support import decoder_of
+
+    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+        raise NotImplementedError(
+            f"{type(model).__name__}: its output layer {type(head).__name__} computes more than a linear map of the "
+            "hidden states; easy_context's loss would skip it (use the model's own loss: labels=)"
+        )
+    decoder = decoder_of(model)
+    inner = {id(m) for m in decoder.modules()} | {id(m) for m in head.modules()}
+    for name, child in model.named_children():
+        holds_decoder = any(m is decoder for m in child.modules())
+        if not holds_decoder and id(child) not in inner and any(True for _ in child.parameters()):
+            raise NotImplementedError(
+                f"{type(model).__name__}: {name} ({type(child).__name__}) has weights outside its decoder and output "
+                "layer (it runs between them); easy_context's loss would skip it (use the model's own loss: labels=)"
+            )
+
+
 class CausalLMWithLoss(nn.Module):
     """``forward(input_ids, position_ids, targets) -> (loss_sum, n_valid)`` for a transformers causal LM.
 
@@ -86,6 +108,7 @@ class CausalLMWithLoss(nn.Module):
         self.logit_scale = logit_multiplier(model.config)  # Cohere, Granite, ...: 1.0 for most models
         head = model.get_output_embeddings()
         if not isinstance(head, LMHeadWithLoss):
+            check_plain_head(model, head)
             model.set_output_embeddings(LMHeadWithLoss(head, impl, chunk_size))
         self.model, self.impl = model, model.get_output_embeddings().impl
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -96,6 +119,8 @@ class CausalLMWithLoss(nn.Module):
         self.config = model.config
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor):
-        out = self.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        from ..hf.support import decoder_of  # the loss package imports no transformers code at import time
+
+        out = decoder_of(self.model)(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         return self.model.get_output_embeddings()(out.last_hidden_state, targets, logit_softcapping=self.softcap,
                                                   logit_scale=self.logit_scale)  # fmt: skip
