@@ -1,6 +1,7 @@
-"""Load the model to train: a hub id, a local path, a tiny random-init preset (offline demos and tests), or
-``shape:<name>``: a full-size published architecture (``shape:llama-2-7b``, ``shape:llama-3-8b``, ...) with
-random weights, for benchmarks (speed and memory do not depend on the weights)."""
+"""Load the model to train: a hub id, a local path, a GGUF file (``path/model.gguf``, dequantized:
+:mod:`easy_context.hf.gguf_source`), a tiny random-init preset (offline demos and tests), or ``shape:<name>``: a
+full-size published architecture (``shape:llama-2-7b``, ``shape:llama-3-8b``, ...) with random weights, for
+benchmarks (speed and memory do not depend on the weights)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from .hf.gguf_source import gguf_error, is_gguf, load_gguf_config, load_gguf_model
 from .plan.shapes import ALIASES, BUILTIN_MODELS, PRESETS  # every model shape, in one place
 
 SHAPE_PREFIX = "shape:"
@@ -21,8 +23,14 @@ def is_random_init(name: str) -> bool:
 
 def missing_local_path(name: str, flag: str = "--model") -> str | None:
     """A one-line error when ``name`` is meant as a local folder (starts with ``.``, ``/`` or ``~``, or has more than
-    one ``/``) that does not exist; None otherwise (hub ids look like ``org/name``; presets build random weights)."""
-    if not name or is_random_init(name) or os.path.exists(os.path.expanduser(name)):
+    one ``/``) that does not exist, or names a GGUF file that is missing or unreadable (``gguf`` not installed,
+    truncated, ...); None otherwise (hub ids look like ``org/name``; presets build random weights)."""
+    if not name or is_random_init(name):
+        return None
+    if is_gguf(name):
+        error = gguf_error(name)
+        return f"{flag} {error}" if error else None
+    if os.path.exists(os.path.expanduser(name)):
         return None
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         return f"{flag} {name}: no such folder (a local checkpoint path; hub ids look like org/name)"
@@ -74,9 +82,69 @@ def get_rope_theta(config: PretrainedConfig) -> float | None:
     return getattr(config, "rope_theta", None)
 
 
+ROPE_SCALING_TYPES = ("yarn", "dynamic", "linear")
+_ROPE_SCALING_USAGE = "use TYPE:FACTOR[:ORIGINAL], e.g. yarn:8, yarn:8:8192, dynamic:8, linear:4"
+
+
+def parse_rope_scaling(text: str, config: PretrainedConfig | None = None) -> dict:
+    """A RoPE scaling from a CLI string ``TYPE:FACTOR[:ORIGINAL]``: ``yarn:8`` -> ``{"rope_type": "yarn", "factor":
+    8.0}``; ``yarn:8:8192`` adds ``original_max_position_embeddings`` (the trained length; ``dynamic`` too, ``linear``
+    has none). Without ORIGINAL, ``config`` (when given) supplies its ``max_position_embeddings``, else
+    :func:`set_rope_scaling` does when applying it. A bad string is a one-line ValueError."""
+    parts = text.strip().split(":")
+    kind = parts[0].strip().lower()
+    if kind not in ROPE_SCALING_TYPES or len(parts) not in (2, 3):
+        raise ValueError(f"rope scaling {text!r}: {_ROPE_SCALING_USAGE} (types: {', '.join(ROPE_SCALING_TYPES)})")
+    try:
+        factor = float(parts[1])
+    except ValueError:
+        raise ValueError(f"rope scaling {text!r}: FACTOR {parts[1]!r} is not a number; {_ROPE_SCALING_USAGE}") from None
+    if not factor > 1.0 or factor == float("inf"):
+        raise ValueError(f"rope scaling {text!r}: FACTOR must be a number > 1 (how many times longer), got {factor:g}")
+    scaling: dict = {"rope_type": kind, "factor": factor}
+    if len(parts) == 3:
+        if kind == "linear":
+            raise ValueError(f"rope scaling {text!r}: linear takes no ORIGINAL length; use linear:FACTOR")
+        if not parts[2].strip().isdigit() or int(parts[2]) <= 0:
+            raise ValueError(f"rope scaling {text!r}: ORIGINAL {parts[2]!r} must be a positive integer (tokens)")
+        scaling["original_max_position_embeddings"] = int(parts[2])
+    elif kind != "linear" and config is not None and getattr(config, "max_position_embeddings", None):
+        scaling["original_max_position_embeddings"] = int(config.max_position_embeddings)
+    return scaling
+
+
+def set_rope_scaling(config: PretrainedConfig, scaling: dict) -> None:
+    """Give ``config`` a RoPE scaling in transformers 5 style: ``config.rope_parameters`` becomes ``scaling`` plus
+    the RoPE base in use (``rope_theta`` kept). ``yarn``: ``original_max_position_embeddings`` defaults to the
+    config's ``max_position_embeddings``; ``dynamic`` (NTK) scales from ``max_position_embeddings``, so an ORIGINAL
+    length sets that. Per-layer-type parameters (Gemma 2/3) scale the ``full_attention`` layers only."""
+    scaling = dict(scaling)
+    kind = scaling.get("rope_type")
+    if kind is None or "factor" not in scaling:
+        raise ValueError(
+            f"rope scaling {scaling}: needs rope_type and factor, e.g. {{'rope_type': 'yarn', 'factor': 8}}"
+        )
+    scaling["factor"] = float(scaling["factor"])
+    original = scaling.pop("original_max_position_embeddings", None) or config.max_position_embeddings
+    if kind == "dynamic":
+        config.max_position_embeddings = int(original)
+    elif kind != "linear":
+        scaling["original_max_position_embeddings"] = int(original)
+    params = getattr(config, "rope_parameters", None)
+    nested = isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
+    if nested:
+        for layer_type in [k for k in params if k == "full_attention"] or list(params):
+            params[layer_type] = {**scaling, "rope_theta": params[layer_type].get("rope_theta", get_rope_theta(config))}
+    else:
+        config.rope_parameters = {**scaling, "rope_theta": get_rope_theta(config)}
+
+
 def build_config(name_or_path: str, vocab_size: int | None = None, rope_theta: float | None = None,
-                 max_position_embeddings: int | None = None) -> PretrainedConfig:  # fmt: skip
-    """The config of a preset or of a hub/local model, with the requested RoPE base and context size."""
+                 max_position_embeddings: int | None = None,
+                 rope_scaling: dict | None = None) -> PretrainedConfig:  # fmt: skip
+    """The config of a preset, ``shape:``, GGUF file or hub/local model, with the requested RoPE base, RoPE scaling
+    (:func:`set_rope_scaling`; its original length is the model's own context size) and context size
+    (``max_position_embeddings`` only grows; with ``dynamic`` scaling it stays the original length it scales from)."""
     if name_or_path in PRESETS:
         model_type, overrides = PRESETS[name_or_path]
         if vocab_size is None:
@@ -84,11 +152,15 @@ def build_config(name_or_path: str, vocab_size: int | None = None, rope_theta: f
         config = AutoConfig.for_model(model_type, vocab_size=vocab_size, **overrides)
     elif name_or_path.startswith(SHAPE_PREFIX):
         config = shape_config(name_or_path, vocab_size)
+    elif is_gguf(name_or_path):
+        config = load_gguf_config(name_or_path)
     else:
         config = AutoConfig.from_pretrained(name_or_path)
     if rope_theta is not None:
         set_rope_theta(config, rope_theta)
-    if max_position_embeddings is not None:
+    if rope_scaling is not None:
+        set_rope_scaling(config, rope_scaling)
+    if max_position_embeddings is not None and (rope_scaling or {}).get("rope_type") != "dynamic":
         config.max_position_embeddings = max(
             getattr(config, "max_position_embeddings", 0) or 0, max_position_embeddings
         )
@@ -102,13 +174,18 @@ def load_model(
     max_position_embeddings: int | None = None,
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    rope_scaling: dict | None = None,
 ) -> PreTrainedModel:
     """A causal LM: presets and ``shape:`` names build random weights (seeded, on the current default device, e.g.
-    inside ``with torch.device("cuda"):``); anything else loads pretrained weights."""
-    config = build_config(name_or_path, vocab_size, rope_theta, max_position_embeddings)
+    inside ``with torch.device("cuda"):``); a GGUF file loads dequantized to ``dtype`` (a plain model); anything
+    else loads pretrained weights. ``rope_scaling``: e.g. ``{"rope_type": "yarn", "factor": 8.0}``
+    (:func:`parse_rope_scaling` reads ``yarn:8``)."""
+    config = build_config(name_or_path, vocab_size, rope_theta, max_position_embeddings, rope_scaling)
     if is_random_init(name_or_path):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    elif is_gguf(name_or_path):
+        model = load_gguf_model(name_or_path, dtype, config=config)
     else:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype)
     return model

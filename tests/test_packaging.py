@@ -24,7 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # imported only where the feature is asked for, each with a clear error when missing: module -> its extra's package
 # triton ships with CUDA torch
-OPTIONAL = {"flash_attn": "flash-attn-4", "deepspeed": "deepspeed", "torchao": "torchao", "triton": None}
+OPTIONAL = {"flash_attn": "flash-attn-4", "deepspeed": "deepspeed", "torchao": "torchao", "gguf": "gguf",
+            "triton": None}  # fmt: skip
 SCRIPTS = {"easy-context-train", "easy-context-plan", "easy-context-data", "easy-context-eval-needle",
            "easy-context-eval-ppl", "easy-context-plot", "easy-context-launch"}  # fmt: skip
 

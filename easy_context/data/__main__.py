@@ -20,6 +20,8 @@ from .. import cli
 from .needles import LOSSES, NeedleMix
 from .packing import PACK_MODES
 from .prepare import DEFAULT_MAX_MEMORY_GB, pack_stats, prepare_dataset
+from .recall import LOSSES as RECALL_LOSSES
+from .recall import RecallMix
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
 
@@ -62,6 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--needles-per-doc", type=int, default=1, help="needles and questions per retrieval row")
     p.add_argument("--needle-loss", default="answer", choices=list(LOSSES),
                    help="what a retrieval row trains on: its answers only (the rest is context), or all")  # fmt: skip
+    p.add_argument("--recall-fraction", type=float, default=0.0, metavar="F",
+                   help="this share of the rows becomes key-value recall rows: records and questions of a format of "
+                        "their own (not eval_needle.py's) written into the row's own text (docs/data.md)")  # fmt: skip
+    p.add_argument("--recall-records", type=int, default=24, metavar="N", help="at most N records per segment")
+    p.add_argument("--recall-questions", type=int, default=8, metavar="Q", help="at most Q questions per segment")
+    p.add_argument("--recall-loss", default="answer", choices=list(RECALL_LOSSES),
+                   help="what a recall row trains on: its answers only (the rest is context), or all")  # fmt: skip
     p.add_argument("--pack", default="concat", choices=list(PACK_MODES),
                    help="; ".join(f"{k}: {v}" for k, v in PACK_MODES.items()))  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
@@ -80,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--digit-groups applies to --train-tokenizer (an existing tokenizer keeps its own number splits)")
     try:
         args.needles = NeedleMix(args.needle_fraction, args.needle_digits, args.needles_per_doc, args.needle_loss)
+        args.recall = RecallMix(args.recall_fraction, args.recall_records, args.recall_questions, args.recall_loss)
     except ValueError as exc:
         p.error(str(exc))
     return args
@@ -111,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             needles=args.needles,
             pack=args.pack,
             max_memory_gb=args.max_memory_gb,
+            recall=args.recall,
         )
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -124,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.needles.fraction:
         print(f"needle-retrieval rows: {json.loads(ds.info.description).get('needle_rows', 0):,} of {s.rows:,}")
+    if args.recall.fraction:
+        print(f"recall rows: {json.loads(ds.info.description).get('recall_rows', 0):,} of {s.rows:,}")
     streamed = f", streamed within --max-memory-gb {args.max_memory_gb:g}" if _streamed(ds) else ""
     print(
         f"rows: {s.rows:,} x {args.seq_length + 1:,} tokens{' + position_ids' if args.pack == 'documents' else ''} "

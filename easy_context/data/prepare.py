@@ -17,6 +17,7 @@ import torch
 from .needles import NeedleMix, mix_retrieval_rows
 from .packing import PACK_MODES, PackStats, _check_args, document_positions, pack_to_array
 from .random_tokens import RandomTokens, random_source_rows
+from .recall import RecallMix, mix_recall_rows
 from .sources import is_saved_dataset, load_documents, load_saved_dataset
 from .tokenizer import load_tokenizer
 
@@ -48,6 +49,7 @@ def prepare_dataset(
     repeat: int = 1,
     max_memory_gb: float | None = DEFAULT_MAX_MEMORY_GB,
     streaming: bool | None = None,
+    recall: RecallMix | None = None,
 ):
     """Tokenize ``source`` and pack it into a ``datasets.Dataset`` with one column ``"input_ids"``.
 
@@ -58,6 +60,10 @@ def prepare_dataset(
 
     ``needles``: that share of the rows becomes retrieval rows (:mod:`easy_context.data.needles`), their haystacks
     cut from the source's own text (its first 16 M characters).
+
+    ``recall``: that share of the rows becomes key-value recall rows (:mod:`easy_context.data.recall`: records and
+    questions of a format of their own written into the row's own text, trained on the answers); not together with
+    ``needles``.
 
     ``pack``: ``"concat"`` (the rows only) or ``"documents"``: a second column ``"position_ids"`` restarting at 0 at
     each document (after every EOS, and at each row start; :func:`document_positions`), so training masks
@@ -80,6 +86,10 @@ def prepare_dataset(
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     if pack not in PACK_MODES:
         raise ValueError(f"pack must be one of {sorted(PACK_MODES)}, got {pack!r}")
+    if recall is not None and recall.fraction > 0 and needles is not None and needles.fraction > 0:
+        raise ValueError("choose needle rows or recall rows, not both (--needle-fraction or --recall-fraction)")
+    if recall is not None and recall.fraction > 0 and pack == "documents":
+        raise ValueError("recall rows write records into the row's text across its documents: use --pack concat")
     import datasets
     import pyarrow as pa
 
@@ -109,6 +119,7 @@ def prepare_dataset(
             "needles": needles,
             "pack": pack,
             "repeat": repeat,
+            "recall": recall,
         }
         return _prepare_streaming(documents, source, tokenizer, seq_length, output_dir, budget, settings)
     kept: list[str] = []
@@ -133,6 +144,9 @@ def prepare_dataset(
 
         haystack = Haystack.from_text("\n\n".join(kept), tokenizer)
         rows, trained, needle_rows = mix_retrieval_rows(rows, haystack, tokenizer, needles, seed)
+    recall_rows = 0
+    if recall is not None and recall.fraction > 0:
+        rows, trained, recall_rows = mix_recall_rows(rows, tokenizer, recall, seed)
     row_len = seq_length + 1
     column = pa.FixedSizeListArray.from_arrays(pa.array(rows.astype(np.int32).reshape(-1)), row_len)
     columns = {INPUT_IDS: column}
@@ -147,6 +161,7 @@ def prepare_dataset(
         **dataclasses.asdict(stats),
         "needle_rows": needle_rows,
         **_needle_settings(needles),
+        **_recall_settings(recall, recall_rows),
     }
     ds = datasets.Dataset(pa.table(columns), info=datasets.DatasetInfo(description=json.dumps(meta)))
     if output_dir is not None:
@@ -180,6 +195,12 @@ def _settings(source, tokenizer, seq_length, long_doc_tokens, upsample_factor, s
 
 def _needle_settings(needles: NeedleMix | None) -> dict:
     return {f"needle_{k}": v for k, v in dataclasses.asdict(needles).items()} if needles else {}
+
+
+def _recall_settings(recall: RecallMix | None, rows: int = 0) -> dict:
+    if recall is None or recall.fraction == 0:
+        return {}
+    return {"recall_rows": rows, **{f"recall_{k}": v for k, v in dataclasses.asdict(recall).items()}}
 
 
 def _read_ahead(documents: Iterable[str], limit: int) -> tuple[Iterator[str], bool]:
@@ -219,6 +240,7 @@ def _prepare_streaming(documents: Iterator[str], source, tokenizer, seq_length: 
         "streamed": True,
         "max_memory_gb": budget / 2**30,
         **_needle_settings(settings["needles"]),
+        **_recall_settings(settings["recall"]),
     }
     with _datasets_progress(settings["show_progress"]):
         stats, _ = prepare_streaming(documents, tokenizer, seq_length, output_dir, budget, meta=meta, **settings)

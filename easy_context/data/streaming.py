@@ -46,6 +46,7 @@ import numpy as np
 
 from .packing import PackStats, _check_args, document_positions
 from .prepare import _HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, _keep_text
+from .recall import RecallMixer
 
 SPILL_BITS = 6  # 64 spill files, split again by the next 6 bits when one is over its cap
 _DOCS, _ROWS = 1, 2  # key streams
@@ -520,6 +521,7 @@ def prepare_streaming(
     pack: str = "concat",
     repeat: int = 1,
     meta: dict | None = None,
+    recall=None,
 ) -> tuple[PackStats, int]:
     """Prepare ``documents`` into ``output_dir`` within about ``budget`` bytes (see the module docstring); the
     arguments are :func:`easy_context.data.prepare_dataset`'s. ``meta``: more keys for the JSON description.
@@ -531,7 +533,7 @@ def prepare_streaming(
     spill = tempfile.mkdtemp(prefix=".spill-", dir=output_dir)
     try:
         run = _Run(tokenizer, seq_length, output_dir, spill, Budget(budget), long_doc_tokens, upsample_factor, seed,
-                   needles, pack, repeat)  # fmt: skip
+                   needles, pack, repeat, recall)  # fmt: skip
         run.scatter(documents, num_proc, show_progress)
         if run.stats.rows == 0:
             return run.stats, 0
@@ -550,7 +552,7 @@ class _Run:
 
     def __init__(self, tokenizer, seq_length: int, output_dir: str, spill: str, plan: Budget,
                  long_doc_tokens: int | None, upsample_factor: int, seed: int | None, needles, pack: str,
-                 repeat: int) -> None:  # fmt: skip
+                 repeat: int, recall=None) -> None:  # fmt: skip
         self.tokenizer, self.output_dir, self.plan = tokenizer, output_dir, plan
         self.long_doc_tokens, self.upsample_factor, self.seed = long_doc_tokens, upsample_factor, seed
         self.needles, self.pack_mode, self.repeat = needles, pack, repeat
@@ -559,7 +561,8 @@ class _Run:
         self.row_len = seq_length + 1
         self.key_seed = 0 if seed is None else seed
         self.block_rows = max(1, plan.block_bytes // (4 * self.row_len * repeat))
-        needle_rows = needles is not None and needles.fraction > 0
+        self.recall = recall if recall is not None and recall.fraction > 0 else None
+        needle_rows = (needles is not None and needles.fraction > 0) or self.recall is not None
         self.batch_rows = max(1, plan.batch_bytes(pack == "documents", needle_rows) // (4 * self.row_len))
         self.stats = PackStats()
         self.per_copy_documents = self.per_copy_tokens = 0
@@ -577,7 +580,7 @@ class _Run:
         if seed is None:  # copy 0 keeps the input order: packed while tokenizing
             self.packers[0] = RowPacker(self.row_len, self.block_rows, self._sink(0, None))
         self.writer: ShardWriter | None = None
-        self.mixer: NeedleStream | None = None
+        self.mixer: NeedleStream | RecallMixer | None = None
 
     def _sink(self, copy: int, writer: ShardWriter | None) -> Callable[[np.ndarray], None]:
         """Where ``copy``'s rows go: the row spill (keyed by row number and copy), the in-order file, or ``writer``."""
@@ -648,6 +651,8 @@ class _Run:
             haystack = Haystack.from_text("\n\n".join(self.kept), self.tokenizer)
             self.kept.clear()
             self.mixer = NeedleStream(haystack, self.tokenizer, self.needles, self.seed, self.stats.rows)
+        elif self.recall is not None:
+            self.mixer = RecallMixer(self.tokenizer, self.recall, self.seed, self.stats.rows)
         self.writer = ShardWriter(self.output_dir, self.row_len, self.batch_rows, self.eos_id,
                                   self.pack_mode == "documents", self.mixer)  # fmt: skip
         for c in self.shuffled:
@@ -684,7 +689,8 @@ class _Run:
             for rows in self.in_order.blocks(step):
                 writer.write(rows)
         needle_rows = self.mixer.count if self.mixer is not None else 0
-        meta.update({**dataclasses.asdict(self.stats), "needle_rows": needle_rows})
+        counted = "recall_rows" if self.recall is not None else "needle_rows"
+        meta.update({**dataclasses.asdict(self.stats), "needle_rows": 0, counted: needle_rows})
         writer.close(json.dumps(meta))
         if writer.rows != self.stats.rows:
             raise RuntimeError(f"wrote {writer.rows} rows, expected {self.stats.rows}")

@@ -101,9 +101,14 @@ def _non_empty(texts: Iterable[str]) -> Iterable[str]:
 
 
 def load_tokenizer(name_or_path: str):
-    """``AutoTokenizer.from_pretrained(name_or_path)`` with an error that says what to do when it cannot load."""
+    """``AutoTokenizer.from_pretrained(name_or_path)`` with an error that says what to do when it cannot load; a GGUF
+    file (``path/model.gguf``) gives the tokenizer in its metadata (:mod:`easy_context.hf.gguf_source`)."""
     from transformers import AutoTokenizer
 
+    from ..hf.gguf_source import is_gguf, load_gguf_tokenizer
+
+    if is_gguf(name_or_path):
+        return load_gguf_tokenizer(name_or_path)  # its errors already say what to do
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except Exception as e:  # offline, unknown name, missing files: one actionable message

@@ -131,6 +131,7 @@ def load_eval_model(
     dtype: torch.dtype,
     rope_theta: float | None = None,
     seed: int = 0,
+    rope_scaling: dict | None = None,
 ):
     """A causal LM ready for no-grad SP evaluation: on the device (or ZeRO-3 sharded), eval mode, backend patched.
 
@@ -145,7 +146,8 @@ def load_eval_model(
     error = deepspeed_precision_error(runtime.accelerator, dtype)  # ZeRO-3 would build the model in another dtype
     if error:
         raise ValueError(error)
-    model = load_model(name, vocab_size=vocab_size, rope_theta=rope_theta, dtype=dtype, seed=seed)
+    model = load_model(name, vocab_size=vocab_size, rope_theta=rope_theta, dtype=dtype, seed=seed,
+                       rope_scaling=rope_scaling)  # fmt: skip
     model.config.use_cache = False
     check_layout(runtime, model.config)
     runtime.sp.attach(model)  # a named kernel also routes data_parallel through easy_context's kernels
@@ -207,6 +209,9 @@ def add_runtime_args(parser) -> None:
         kernel_help="local attention kernel (SP modes)",
     )
     parser.add_argument("--rope_theta", "--rope-theta", type=float, default=None, help="override the RoPE base")
+    parser.add_argument("--rope_scaling", "--rope-scaling", default=None, metavar="TYPE:FACTOR[:ORIGINAL]",
+                        help="training-free RoPE scaling, e.g. yarn:8, dynamic:8 (dynamic NTK), linear:4; ORIGINAL: "
+                             "the trained length (default: the model's max_position_embeddings)")  # fmt: skip
     parser.add_argument(
         "--dtype",
         default="auto",
@@ -219,5 +224,8 @@ def add_runtime_args(parser) -> None:
 def load_eval_model_from_args(name: str, runtime: EvalRuntime, vocab_size: int, args):
     """:func:`load_eval_model` with the options :func:`add_runtime_args` defines (dtype, rope_theta, seed; the kernel
     is the runtime's)."""
+    from ..models import parse_rope_scaling
+
     dtype = resolve_dtype(args.dtype, runtime.device)
-    return load_eval_model(name, runtime, vocab_size, dtype, args.rope_theta, args.seed)
+    scaling = parse_rope_scaling(args.rope_scaling) if getattr(args, "rope_scaling", None) else None
+    return load_eval_model(name, runtime, vocab_size, dtype, args.rope_theta, args.seed, rope_scaling=scaling)

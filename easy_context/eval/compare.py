@@ -1,0 +1,201 @@
+"""Side by side: several evaluated models (a base, training-free baselines, an extended model) on the same prompts.
+
+    python -m easy_context.eval.compare --model base=out/eval/base --model yarn=out/eval/yarn \\
+        --model extended=out/eval/extended --base-length 8192 --target-length 65536 --train-metrics out/extended \\
+        --output out/results
+
+Each ``--model NAME=DIR`` folder may hold ``needle/results.csv`` (eval_needle.py), ``needle3/results.csv`` (the same
+with distractors), ``ppl.csv`` (eval_ppl.py by length), ``ppl_short.csv`` (eval_ppl.py over short windows) and
+``prompts.json`` (:mod:`easy_context.eval.fixed_prompts`); what is missing is reported as null. Writes
+``summary.json`` (per model: needle accuracy per length, within / beyond the base length, per depth beyond it, the
+worst cell; perplexities; prompts), ``summary.md`` (the tables) and ``comparison.png`` (needle heatmaps of the first
+and last model, needle accuracy vs length of every model, perplexity vs length, the training loss).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+from .. import cli
+from .extension import training_summary
+from .results import read_csv, write_json
+
+
+def needle_summary(rows: list[dict], base_length: int) -> dict:
+    """Accuracy per length, within / beyond ``base_length``, per depth beyond it, and the worst (depth, length) cell."""
+    by_length: dict[int, list[float]] = defaultdict(list)
+    cells: dict[tuple[float, int], list[float]] = defaultdict(list)
+    for r in rows:
+        by_length[int(r["length"])].append(float(r["correct"]))
+        cells[(float(r["depth"]), int(r["length"]))].append(float(r["correct"]))
+    beyond_depth: dict[float, list[float]] = defaultdict(list)
+    for (depth, length), values in cells.items():
+        if length > base_length:
+            beyond_depth[depth] += values
+
+    def mean(values: list[float]) -> float | None:
+        return round(statistics.fmean(values), 4) if values else None
+
+    worst = min(cells.items(), key=lambda kv: statistics.fmean(kv[1])) if cells else None
+    return {
+        "by_length": {n: mean(v) for n, v in sorted(by_length.items())},
+        "within": mean([x for n, v in by_length.items() if n <= base_length for x in v]),
+        "beyond": mean([x for n, v in by_length.items() if n > base_length for x in v]),
+        "beyond_by_depth": {d: mean(v) for d, v in sorted(beyond_depth.items())},
+        "worst_cell": None
+        if worst is None
+        else {"depth": worst[0][0], "length": worst[0][1], "accuracy": mean(worst[1])},  # fmt: skip
+        "prompts": len(rows),
+    }
+
+
+def _read(path: str, numeric: tuple[str, ...]) -> list[dict] | None:
+    return read_csv(path, numeric=numeric) if os.path.isfile(path) else None
+
+
+def model_summary(folder: str, base_length: int) -> tuple[dict, list[dict]]:
+    """(the summary of one model's folder, its needle rows)."""
+    needle = _read(os.path.join(folder, "needle", "results.csv"), ("length", "depth", "correct")) or []
+    needle3 = _read(os.path.join(folder, "needle3", "results.csv"), ("length", "depth", "correct"))
+    ppl = _read(os.path.join(folder, "ppl.csv"), ("tokens", "ppl"))
+    short = _read(os.path.join(folder, "ppl_short.csv"), ("tokens", "ppl", "scored_tokens"))
+    prompts = os.path.join(folder, "prompts.json")
+    out = {
+        "needle": needle_summary(needle, base_length) if needle else None,
+        "needle_3_distractors": needle_summary(needle3, base_length) if needle3 else None,
+        "ppl": {int(r["tokens"]): round(float(r["ppl"]), 3) for r in ppl} if ppl else None,
+        "ppl_short": {int(r["tokens"]): round(float(r["ppl"]), 3) for r in short} if short else None,
+        "prompts": json.load(open(prompts, encoding="utf-8")) if os.path.isfile(prompts) else None,
+    }
+    return out, needle
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(summary: dict, base_length: int) -> str:
+    """The tables of ``summary`` as markdown: needle by length, perplexity, distractors, prompts."""
+    models = summary["models"]
+    lengths = sorted({n for m in models.values() if m["needle"] for n in m["needle"]["by_length"]})
+    lines = ["| model | " + " / ".join(f"{n // 1024}K" for n in lengths) + f" | mean > {base_length // 1024}K |"
+             + " worst cell | ppl short | ppl " + " / ".join(f"{n // 1024}K" for n in _ppl_lengths(models)) + " |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name, m in models.items():
+        nd = m["needle"] or {}
+        by = nd.get("by_length", {})
+        worst = nd.get("worst_cell")
+        worst_s = f"{worst['accuracy']:.2f} at {worst['length'] // 1024}K/{worst['depth']:g}%" if worst else "—"
+        short = next(iter((m["ppl_short"] or {}).values()), None)
+        ppl = " / ".join(_fmt((m["ppl"] or {}).get(n), 1) for n in _ppl_lengths(models))
+        lines.append(f"| {name} | " + " / ".join(_fmt(by.get(n)) for n in lengths)
+                     + f" | {_fmt(nd.get('beyond'))} | {worst_s} | {_fmt(short, 2)} | {ppl} |")  # fmt: skip
+    three = {k: m["needle_3_distractors"] for k, m in models.items() if m["needle_3_distractors"]}
+    if three:
+        lines += ["", "Needle with 3 distractors:", "", "| model | " + " / ".join(f"{n // 1024}K" for n in lengths)
+                  + " | mean |", "| --- | --- | --- |"]  # fmt: skip
+        for name, nd in three.items():
+            mean = statistics.fmean(v for v in nd["by_length"].values() if v is not None)
+            lines.append(f"| {name} | " + " / ".join(_fmt(nd["by_length"].get(n)) for n in lengths)
+                         + f" | {mean:.2f} |")  # fmt: skip
+    prompts = {k: m["prompts"] for k, m in models.items() if m["prompts"]}
+    if prompts:
+        lines += ["", "Fixed prompts (greedy):", "", "| prompt | " + " | ".join(prompts) + " |",
+                  "| --- |" + " --- |" * len(prompts)]  # fmt: skip
+        first = next(iter(prompts.values()))
+        for i, item in enumerate(first):
+            cells = [p[i]["output"].replace("\n", "\\n").replace("|", "\\|")[:80] for p in prompts.values()]
+            lines.append(f"| {item['prompt'][:40].replace(chr(10), ' ')} | " + " | ".join(cells) + " |")
+    if summary.get("training"):
+        t = summary["training"]
+        lines += ["", f"Training: {t['steps']} steps, {t['tokens']:,} tokens, {t['train_seconds']:.0f} s, "
+                  f"{t['tokens_per_s']:,.0f} tok/s, final loss {t['loss']}, peak {t['peak_mem_gib']} GiB"
+                  + (f", MFU {t['mfu']:.1%}" if "mfu" in t else "")]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _ppl_lengths(models: dict) -> list[int]:
+    return sorted({n for m in models.values() if m["ppl"] for n in m["ppl"]})
+
+
+def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, float]], base_length: int,
+           path: str) -> str:  # fmt: skip
+    """Heatmaps of the first and last model with needle rows, needle accuracy vs length of all, perplexity vs length
+    of all, the training loss; returns ``path``."""
+    from . import plots
+
+    plt = plots.plt
+    fig, axes = plt.subplots(2, 3, figsize=(20, 10))
+    with_rows = [k for k in models if needles.get(k)]
+    for ax, name in zip(axes[0][:2], [with_rows[0], with_rows[-1]] if with_rows else []):
+        mean = plots._heatmap(fig, ax, needles[name], mark_length=base_length)
+        ax.set_title(f"{name}: needle retrieval (mean {mean:.2f})")
+    ax = axes[0][2]
+    for name in with_rows:
+        by = models[name]["needle"]["by_length"]
+        ax.plot(list(by), list(by.values()), marker="o", label=name)
+    ax.axvline(base_length, color="black", linestyle="--", linewidth=1)
+    ax.set(xlabel="Context length (tokens)", ylabel="needle accuracy", ylim=(-0.03, 1.03),
+           title="Needle accuracy vs length (all depths)")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    series = {k: sorted(m["ppl"].items()) for k, m in models.items() if m["ppl"]}
+    if series:
+        plots._ppl_axes(axes[1][0], series, log_y=True)
+        axes[1][0].axvline(base_length, color="black", linestyle="--", linewidth=1)
+        axes[1][0].set_title("Perplexity vs context length (essays, first window)")
+        axes[1][0].legend()
+    three = {k: m["needle_3_distractors"]["by_length"] for k, m in models.items() if m["needle_3_distractors"]}
+    ax = axes[1][1]
+    for name, by in three.items():
+        ax.plot(list(by), list(by.values()), marker="o", label=name)
+    ax.set(xlabel="Context length (tokens)", ylabel="accuracy", ylim=(-0.03, 1.03),
+           title="Needle with 3 distractors")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    if three:
+        ax.legend()
+    ax = axes[1][2]
+    if loss:
+        ax.plot([s for s, _ in loss], [v for _, v in loss])
+    ax.set(xlabel="step", ylabel="training loss (token mean)", title="Extension: training loss")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return plots._save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli.ArgumentParser(prog="python -m easy_context.eval.compare", description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", required=True, metavar="NAME=DIR", help="an evaluated model's folder")
+    p.add_argument("--base-length", type=int, required=True, help="the length the base model was trained at")
+    p.add_argument("--target-length", type=int, required=True, help="the extension's length")
+    p.add_argument("--train-metrics", default=None, help="the extension's train.py output dir (metrics.jsonl)")
+    p.add_argument("--output", required=True, help="folder for summary.json, summary.md, comparison.png")
+    args = p.parse_args(argv)
+    models, needles = {}, {}
+    for item in args.model:
+        name, sep, folder = item.partition("=")
+        if not sep or not os.path.isdir(folder):
+            p.error(f"--model {item}: expected NAME=DIR with an existing folder")
+        models[name], needles[name] = model_summary(folder, args.base_length)
+    summary = {"base_length": args.base_length, "target_length": args.target_length, "models": models}
+    loss: list[tuple[int, float]] = []
+    metrics = os.path.join(args.train_metrics or "", "metrics.jsonl")
+    if args.train_metrics and os.path.isfile(metrics):
+        summary["training"] = training_summary(metrics)
+        with open(metrics, encoding="utf-8") as f:
+            loss = [(r["step"], r["loss"]) for r in map(json.loads, filter(str.strip, f))]
+    os.makedirs(args.output, exist_ok=True)
+    write_json(summary, os.path.join(args.output, "summary.json"))
+    with open(os.path.join(args.output, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(summary, args.base_length))
+    figure(models, needles, loss, args.base_length, os.path.join(args.output, "comparison.png"))
+    print(f"wrote {args.output}/summary.json, summary.md, comparison.png ({len(models)} models)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

