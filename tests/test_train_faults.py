@@ -507,3 +507,22 @@ def test_killed_launcher_leaves_no_training_orphans(data_dir, tmp_path, monkeypa
                               r"this rank \(exit 124\)", log.read_text()))  # fmt: skip
     assert found == [("0", str(launcher.pid)), ("1", str(launcher.pid))], log.read_text()[-3000:]
     assert leftovers(out) == [] and not (out / "model.safetensors").exists()
+
+
+def test_save_error_hint_follows_the_cause(tmp_path):
+    """A failed save names what to do about its own cause: disk space only when the disk is full."""
+    import errno
+
+    from easy_context.training.train_state import _save_error
+
+    def hint(exc):
+        return _save_error("the final model", exc, tmp_path / ".tmp", 0, tmp_path, None)
+
+    full = hint(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert "No space left on device" in full and "free disk space" in full
+    denied = hint(PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+    assert "writable" in denied and "disk space" not in denied
+    gguf = hint(ValueError("The model is quantized with gguf and is not serializable"))
+    assert "cannot be written as it is" in gguf and "dequantiz" in gguf and "disk space" not in gguf
+    other = hint(RuntimeError("boom"))
+    assert "RuntimeError: boom" in other and "fix the cause above" in other and "disk space" not in other

@@ -74,6 +74,11 @@ def model_summary(folder: str, base_length: int) -> tuple[dict, list[dict]]:
     return out, needle
 
 
+def _k(tokens: int) -> str:
+    """8192 -> "8K"; lengths that are not a multiple of 1024 stay as they are."""
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
 def _fmt(value, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -82,21 +87,21 @@ def markdown(summary: dict, base_length: int) -> str:
     """The tables of ``summary`` as markdown: needle by length, perplexity, distractors, prompts."""
     models = summary["models"]
     lengths = sorted({n for m in models.values() if m["needle"] for n in m["needle"]["by_length"]})
-    lines = ["| model | " + " / ".join(f"{n // 1024}K" for n in lengths) + f" | mean > {base_length // 1024}K |"
-             + " worst cell | ppl short | ppl " + " / ".join(f"{n // 1024}K" for n in _ppl_lengths(models)) + " |",
+    lines = ["| model | " + " / ".join(map(_k, lengths)) + f" | mean > {_k(base_length)} |"
+             + " worst cell | ppl short | ppl " + " / ".join(map(_k, _ppl_lengths(models))) + " |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, m in models.items():
         nd = m["needle"] or {}
         by = nd.get("by_length", {})
         worst = nd.get("worst_cell")
-        worst_s = f"{worst['accuracy']:.2f} at {worst['length'] // 1024}K/{worst['depth']:g}%" if worst else "—"
+        worst_s = f"{worst['accuracy']:.2f} at {_k(worst['length'])}/{worst['depth']:g}%" if worst else "—"
         short = next(iter((m["ppl_short"] or {}).values()), None)
         ppl = " / ".join(_fmt((m["ppl"] or {}).get(n), 1) for n in _ppl_lengths(models))
         lines.append(f"| {name} | " + " / ".join(_fmt(by.get(n)) for n in lengths)
                      + f" | {_fmt(nd.get('beyond'))} | {worst_s} | {_fmt(short, 2)} | {ppl} |")  # fmt: skip
     three = {k: m["needle_3_distractors"] for k, m in models.items() if m["needle_3_distractors"]}
     if three:
-        lines += ["", "Needle with 3 distractors:", "", "| model | " + " / ".join(f"{n // 1024}K" for n in lengths)
+        lines += ["", "Needle with 3 distractors:", "", "| model | " + " / ".join(map(_k, lengths))
                   + " | mean |", "| --- | --- | --- |"]  # fmt: skip
         for name, nd in three.items():
             mean = statistics.fmean(v for v in nd["by_length"].values() if v is not None)

@@ -142,10 +142,26 @@ def _last_good_hint(output_dir: Path, exclude: Path | None = None) -> str:
     return f"last good checkpoint: {last} (resume with --resume-from {last})"
 
 
+def _save_fix(exc: BaseException) -> str:
+    """What to do about a failed save, by its cause: space, permission, a model that cannot be serialized, else
+    nothing beyond the exception itself."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free disk space (or choose another --output-dir) and resume"
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make --output-dir writable for this user (or choose another --output-dir) and resume"
+    if "serializ" in str(exc).lower():
+        return (
+            "the model cannot be written as it is (e.g. weights still quantized, as a GGUF loaded without "
+            "dequantizing); load it as a plain model (easy_context loads .gguf files dequantized) and resume"
+        )
+    return "fix the cause above and resume"
+
+
 def _save_error(what: str, exc: BaseException, temp: Path, rank: int, output_dir: Path, exclude: Path | None) -> str:
-    return (f"saving {what}: writing {_failed_file(exc, temp, rank)} failed: {_cause(exc)} ({_free(output_dir)}); "
-            f"nothing under that name was changed; {_last_good_hint(output_dir, exclude)}; free disk space (or "
-            "choose another --output-dir) and resume")  # fmt: skip
+    return (
+        f"saving {what}: writing {_failed_file(exc, temp, rank)} failed: {_cause(exc)} ({_free(output_dir)}); "
+        f"nothing under that name was changed; {_last_good_hint(output_dir, exclude)}; {_save_fix(exc)}"
+    )
 
 
 def _replace_dir(temp: Path, final: Path) -> None:
