@@ -168,12 +168,21 @@ def test_replay_attention_checkpointing(model_type: str, offload: bool) -> None:
     assert calls == {False: 2 * LAYERS, True: LAYERS}
 
 
-def test_attn_checkpointing_needs_easy_context_attention() -> None:
-    """'attn' on a model that attends with its own sdpa would silently be 'full': it raises instead."""
+def test_attn_checkpointing_patches_a_model_on_its_own_attention() -> None:
+    """'attn' on a model that still attends with its own sdpa (kernel "auto" under data_parallel leaves it so)
+    switches it to easy_context's data_parallel attention, instead of failing: the same loss and gradients."""
     from easy_context.memory import apply_checkpointing
 
-    with pytest.raises(ValueError, match="apply_seq_parallel_monkey_patch"):
-        apply_checkpointing(_model("llama"), "attn")
+    if "llama" not in _REFERENCE:
+        _REFERENCE["llama"] = _loss_and_grads(_model("llama"))
+    ref_loss, ref_grads = _REFERENCE["llama"]
+    model = _model("llama")
+    assert not model.config._attn_implementation.startswith("easy_context")
+    apply_checkpointing(model, "attn")
+    assert model.config._attn_implementation.startswith("easy_context")
+    loss, grads = _loss_and_grads(model)
+    assert _rel_err(loss, ref_loss) < 1e-5
+    assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
     with pytest.raises(ValueError, match="unknown checkpointing mode"):
         apply_checkpointing(_model("llama"), "selective")
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 from torch.utils.checkpoint import checkpoint
 
 from ..core.attn_checkpoint import AttnCache
@@ -232,10 +233,15 @@ def apply_checkpointing(
         return model
     impl = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
     if mode.startswith("attn") and not impl.startswith("easy_context"):
-        raise ValueError(
-            f"checkpointing {mode!r} keeps the output of easy_context attention, but this model attends with "
-            f"{impl!r}: call easy_context.apply_seq_parallel_monkey_patch first (data_parallel: with a named kernel)"
-        )
+        # it keeps the output of easy_context's attention: a model still on its own attention (not patched for an SP
+        # mode: data parallel) switches to easy_context's data_parallel attention, kernel "auto" (the same math)
+        from ..hf.patch import apply_seq_parallel_monkey_patch
+
+        if not isinstance(model, PreTrainedModel):
+            raise ValueError(f"checkpointing {mode!r} keeps the output of easy_context attention, but this "
+                             f"{type(model).__name__} attends with {impl!r}: call "
+                             "easy_context.apply_seq_parallel_monkey_patch on it first")  # fmt: skip
+        apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel="auto")
     split = {} if offload_layers is None else {"offload_layers": offload_layers, "pin_memory": False}
     return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"),
                                           checkpoint_every=checkpoint_every, **split)  # fmt: skip
