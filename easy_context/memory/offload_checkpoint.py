@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
 
 from ..core.attn_checkpoint import AttnCache
 from .strided_checkpoint import LayerGroups, strided_checkpoint
