@@ -5,7 +5,8 @@
 # parts of ~57 MB (.p1 .p2 .p3, git-ignored: a device call carries at most 64 MiB). Back-to-back device calls:
 #   1. carry .p1:  bash bench/h200_extend_smollm2.sh stash 1
 #   2. carry .p2:  bash bench/h200_extend_smollm2.sh stash 2
-#   3. carry .p3:  bash bench/h200_extend_smollm2.sh start      (installs, starts the pipeline in its own session)
+#   3. carry .p3 and PaulGrahamEssays (the essays are git-ignored: they travel only when carried):
+#                  bash bench/h200_extend_smollm2.sh start      (installs, starts the pipeline in its own session)
 #   4. ...         bash bench/h200_extend_smollm2.sh wait 570   (the log so far; returns early when it is done)
 #   5.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT)
 # The pipeline runs under setsid, so it outlives each call while the machine stays held (calls back to back).

@@ -193,7 +193,8 @@ def recorded_runs(tmp_path: Path, script: str) -> list[list[str]]:
 def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script):
     """Each train_scripts/ recipe (a YAML file plus its launch lines): every launch parses, extra flags after the
     script's name reach every stage, and each stage's length and layout pass the backend's check on 8 GPUs."""
-    assert {p.name for p in (ROOT / "train_scripts").glob("*.sh")} == {*HEADS, "demo_cpu.sh", "demo_h200.sh"}  # demos
+    assert {p.name for p in (ROOT / "train_scripts").glob("*.sh")} == {*HEADS, "demo_cpu.sh", "demo_h200.sh",
+                                                                         "extend_smollm2.sh"}  # demos  # fmt: skip
     monkeypatch.chdir(ROOT)  # the scripts run from the checkout's root
     calls = recorded_runs(tmp_path, script)
     stages = []
@@ -222,3 +223,17 @@ def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script)
         assert [a.seq_length for a in stages] == [65536, 262144, 1048576] and stages[0].ring_degree == 2
     if script == "danube2_256k.sh":
         assert len(stages) == 1 and stages[0].seq_length == 262144 and stages[0].model == "h2oai/h2o-danube2-1.8b-base"
+
+
+def test_extend_smollm2_recipe_parses():
+    """The SmolLM2 extension's YAML (train_scripts/extend_smollm2.yaml) parses with train.py's flags as the script
+    passes them, and holds the recipe docs/extension_smollm2.md reports (64K, RoPE base 1e7, lr 1e-4 cosine)."""
+    args = parse_args(["--config", str(ROOT / "train_scripts" / "extend_smollm2.yaml"), "--model", "m", "--dataset",
+                       "d", "--output-dir", "o", "--kernel", "fa4", "--time-limit", "540", "--compile"])  # fmt: skip
+    assert (args.seq_length, args.rope_theta, args.learning_rate, args.lr_schedule) == (65536, 1e7, 1e-4, "cosine")
+    assert (args.parallel_mode, args.checkpointing, args.dtype, args.max_train_steps) == (
+        "data_parallel",
+        "none",
+        "float32",
+        600,
+    )

@@ -109,6 +109,9 @@ evaluate() { # NAME MODEL [extra]: needle, perplexity (short windows and by leng
 : >"$RESULTS/stages.tsv"
 log "extend_smollm2: $MODEL -> $TARGET tokens (RoPE base $THETA) on $DEVICE; work $WORK, results $RESULTS"
 
+# the essays: the evaluations' haystack (git-ignored; nothing to do when they are there; carried to a device)
+"$PY" PaulGrahamEssays/fetch.py || { log "extend_smollm2: no essays for the evaluations (PaulGrahamEssays/)"; exit 1; }
+
 # 0. the model
 if [ "${MICRO:-}" = 1 ] && [ ! -f "$MODEL/config.json" ]; then # a tiny random Llama + a BPE of the essays
     run_stage model "$PY" - "$MODEL" <<'PY'
@@ -126,6 +129,7 @@ fi
 # 2. before (background, on the GPU) beside 1. data (CPU)
 (for b in $BASELINES; do evaluate "$b" "$MODEL"; done) &
 BEFORE=$!
+if [ "${ONLY:-}" = before ]; then wait $BEFORE; log "extend_smollm2: before-evals done"; exit 0; fi
 DATA=$WORK/data_$TARGET
 if [ ! -f "$DATA/dataset_info.json" ]; then
     [ -f "$WORK/code.jsonl" ] || run_stage corpus "$PY" -m easy_context.data.code_corpus --output "$WORK/code.jsonl" \
