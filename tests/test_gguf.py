@@ -83,6 +83,25 @@ def test_gguf_loads_with_the_hf_models_logits_and_tokenizer(tiny, tmp_path):
     assert not is_gguf(str(folder)) and is_gguf("x/model.GGUF")
 
 
+def test_gguf_special_tokens_follow_the_file(tiny, monkeypatch):
+    """A transformers version that reads a special token wrong (5.17 gave SmolLM2's eos as its bos) is corrected to
+    the ids the file names (tokenizer.ggml.*_token_id)."""
+    import transformers
+
+    from easy_context.hf.gguf_source import load_gguf_tokenizer
+
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def wrong_eos(*args, **kwargs):
+        tok = real(*args, **kwargs)
+        tok.eos_token = tok.bos_token
+        return tok
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", wrong_eos)
+    tok = load_gguf_tokenizer(tiny["F32"])
+    assert (tok.bos_token, tok.eos_token, tok.eos_token_id) == ("<s>", "</s>", tiny["tokenizer"].eos_token_id)
+
+
 def test_convert_gguf_writes_a_plain_folder(tiny, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -30,6 +30,7 @@ class GGUFInfo(NamedTuple):
     architecture: str
     tensor_types: tuple[str, ...]  # ggml types of the tensors (F32, Q8_0, Q4_K, ...), sorted
     has_tokenizer: bool  # tokenizer.ggml.model and tokenizer.ggml.tokens are present
+    special_ids: tuple[tuple[str, int], ...] = ()  # ("bos_token", 1), ...: tokenizer.ggml.*_token_id as written
 
 
 def is_gguf(name: str) -> bool:
@@ -154,7 +155,17 @@ def _check(path: str, size: int, mtime_ns: int) -> GGUFInfo:
             f"quantized as one of {', '.join(dequantizable_types())} (e.g. F16, BF16, Q8_0, Q4_K_M)"
         )
     has_tokenizer = "tokenizer.ggml.model" in reader.fields and "tokenizer.ggml.tokens" in reader.fields
-    return GGUFInfo(architecture, types, has_tokenizer)
+    special = []
+    for attr, key in _SPECIAL_FIELDS:
+        field = reader.fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            special.append((attr, int(field.contents())))
+    return GGUFInfo(architecture, types, has_tokenizer, tuple(special))
+
+
+# the tokenizer's special tokens and the GGUF fields (tokenizer.ggml.<key>) that name their ids
+_SPECIAL_FIELDS = (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
+                   ("pad_token", "padding_token_id"))  # fmt: skip
 
 
 def load_gguf_config(name: str):
@@ -223,7 +234,12 @@ def load_gguf_tokenizer(name: str):
         )
     folder, filename = split_gguf(name)
     with _explain(name, info):
-        return AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    # the file's own special-token ids win (transformers 5.17 read SmolLM2's eos as its bos, <|im_start|>)
+    for attr, token_id in info.special_ids:
+        if 0 <= token_id < len(tokenizer) and getattr(tokenizer, f"{attr}_id", None) != token_id:
+            setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
+    return tokenizer
 
 
 def convert_gguf(
