@@ -1,11 +1,13 @@
 """Load the model to train: a hub id, a local path, a GGUF file (``path/model.gguf``, dequantized:
-:mod:`easy_context.hf.gguf_source`), a tiny random-init preset (offline demos and tests), or ``shape:<name>``: a
-full-size published architecture (``shape:llama-2-7b``, ``shape:llama-3-8b``, ...) with random weights, for
-benchmarks (speed and memory do not depend on the weights)."""
+:mod:`easy_context.hf.gguf_source`), a tiny random-init preset (offline demos and tests), ``shape:<name>``: a
+full-size published architecture (``shape:llama-2-7b``, ``shape:llama-3-8b``, ...) with random weights, or a local
+folder holding only a ``config.json`` (a real model's shape without its weights), also with random weights: for
+benchmarks and probes (speed and memory do not depend on the weights)."""
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
@@ -16,9 +18,21 @@ from .plan.shapes import ALIASES, BUILTIN_MODELS, PRESETS  # every model shape, 
 SHAPE_PREFIX = "shape:"
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".index.json")
+
+
+def is_config_only(name: str) -> bool:
+    """Whether ``name`` is a local folder with a ``config.json`` and no weight files (safetensors, bin, index)."""
+    path = os.path.expanduser(name)
+    if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
+        return False
+    return not any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(path))
+
+
 def is_random_init(name: str) -> bool:
-    """Whether ``name`` builds random weights (a preset or ``shape:<name>``) rather than loading a checkpoint."""
-    return name in PRESETS or name.startswith(SHAPE_PREFIX)
+    """Whether ``name`` builds random weights (a preset, ``shape:<name>`` or a config-only folder) rather than
+    loading a checkpoint."""
+    return name in PRESETS or name.startswith(SHAPE_PREFIX) or is_config_only(name)
 
 
 def missing_local_path(name: str, flag: str = "--model") -> str | None:
@@ -182,6 +196,10 @@ def load_model(
     (:func:`parse_rope_scaling` reads ``yarn:8``)."""
     config = build_config(name_or_path, vocab_size, rope_theta, max_position_embeddings, rope_scaling)
     if is_random_init(name_or_path):
+        if is_config_only(name_or_path):
+            warnings.warn(f"{name_or_path} holds a config.json and no weights: random-init weights of its shape "
+                          "(for throughput and memory probes; pass a checkpoint folder to train a real model)",
+                          stacklevel=2)  # fmt: skip
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     elif is_gguf(name_or_path):
