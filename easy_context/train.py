@@ -64,7 +64,7 @@ from easy_context.training.train_state import (
     save_hf_checkpoint,
     save_training_state,
 )
-from easy_context.training.watchdog import Watchdog
+from easy_context.training.watchdog import StepTimeout, Watchdog, parse_step_timeout
 
 TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate knows ("all": those installed)
 
@@ -103,9 +103,11 @@ def main(argv=None) -> None:
     step_tokens = tokens_per_step(args, sp)
     metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step,
                             start_tokens=tokens)  # fmt: skip
-    long_phase = max(args.step_timeout, 1800)  # the first step (compile, warm-up) and checkpoint saves
-    watchdog = Watchdog(args.step_timeout, accelerator.process_index).start(within_s=long_phase) if (
-        args.step_timeout) else None  # fmt: skip  # a stuck rank or a dead launcher ends the job: never a hang
+    fixed, floor = parse_step_timeout(args.step_timeout)
+    long_phase = max(fixed or 0, 1800)  # the first step (compile, warm-up) and checkpoint saves
+    timeouts = StepTimeout(fixed, first_s=long_phase, floor_s=floor)  # fixed, or 10x the slowest step (>= floor)
+    watchdog = Watchdog(fixed or long_phase, accelerator.process_index).start(within_s=long_phase) if (
+        fixed != 0) else None  # fmt: skip  # a stuck rank or a dead launcher ends the job: never a hang
 
     # the loop: one optimizer step of --gradient-accumulate-every micro-batches per iteration
     stream = micro_batch_stream(loader, sampler, skip=consumed)
@@ -114,6 +116,7 @@ def main(argv=None) -> None:
     bar = tqdm(range(start_step, last_step), disable=not accelerator.is_local_main_process,
                initial=start_step, total=args.max_train_steps)  # fmt: skip
     for step in bar:
+        step_started = time.monotonic()
         batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
         consumed += len(batches)
         shards = [sp.shard(*host_batch(b, sp, args.balance_documents), "cpu") for b in batches]
@@ -150,7 +153,7 @@ def main(argv=None) -> None:
         optimizer.zero_grad()
         tokens += step_tokens
         if watchdog:
-            watchdog.beat(step + 1)
+            watchdog.beat(step + 1, within_s=timeouts.after(time.monotonic() - step_started))
         timed = args.time_limit is not None and step + 1 < last_step
         if timed and out_of_time(started, args.time_limit, accelerator.device):
             last_step = step + 1  # every rank takes the same decision (all-reduced): log, save the state, stop
@@ -168,7 +171,7 @@ def main(argv=None) -> None:
             save_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped, record,
                        layout, tokens)  # fmt: skip
             if watchdog:
-                watchdog.beat(step + 1)
+                watchdog.beat(step + 1, within_s=timeouts.current)
         if step + 1 == last_step:
             break
 
@@ -188,6 +191,16 @@ def main(argv=None) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # flags
+
+
+def step_timeout(text: str) -> str:
+    """argparse type of ``--step-timeout``: checked by :func:`~easy_context.training.watchdog.parse_step_timeout`,
+    kept as written (run_config.json records it so)."""
+    try:
+        parse_step_timeout(text)
+        return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--step-timeout {text!r}: ")) from None
 
 
 def positive_int(text: str) -> int:
@@ -314,10 +327,11 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--resume-from", default=None,
                    help="a state dir written by --save-every / --stop-at-step (refused when --model, --seq-length or "
                         "--parallel_mode differ from its run_config.json)")  # fmt: skip
-    p.add_argument("--step-timeout", type=float, default=600, metavar="S",
+    p.add_argument("--step-timeout", type=step_timeout, default="auto", metavar="S",
                    help="end the job (exit 124) when a rank makes no progress for S seconds, naming the rank and step: "
-                        "a stuck rank or a dead launcher never hangs it (the first step and saves get max(S, 1800) "
-                        "s); 0: off")  # fmt: skip
+                        "a stuck rank or a dead launcher never hangs it. auto: 10x the slowest step so far, at least "
+                        "120 s (auto:MIN_S: at least MIN_S); a number: fixed; 0: off. The first step and saves get "
+                        "max(S, 1800) s")  # fmt: skip
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip

@@ -24,24 +24,27 @@ ROOT = Path(__file__).resolve().parents[1]
 LOOP = """
 import datetime, os, signal, sys, time
 import torch, torch.distributed as dist
-from easy_context.training.watchdog import Watchdog
+from easy_context.training.watchdog import StepTimeout, Watchdog
 
 mode, timeout, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
 rank = dist.get_rank()
 wd = Watchdog(timeout, rank).start(within_s=60)  # the first step: startup
+# auto_*: train.py's --step-timeout auto:<timeout> (10x the slowest step, at least <timeout> s)
+budget = StepTimeout(None if mode.startswith("auto") else timeout, first_s=60, floor_s=timeout)
 with open(os.path.join(out, f"pid{rank}"), "w") as f:
     f.write(str(os.getpid()))
 x = torch.ones(1)
 for step in range(1, 100000):
+    started = time.monotonic()
     dist.all_reduce(x)
-    if rank == 1 and step == 3 and mode == "sleep":
+    if rank == 1 and step == 3 and mode in ("sleep", "auto_sleep"):
         time.sleep(3600)
     if rank == 1 and step == 3 and mode == "stop":
         time.sleep(1)  # its heartbeat thread publishes step 2 first
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(0.05)
-    wd.beat(step)
+    wd.beat(step, within_s=budget.after(time.monotonic() - started))
 """
 
 
@@ -148,6 +151,34 @@ def test_sleeping_rank_ends_the_job_within_the_bound(tmp_path):
     found = errors(log)
     assert any(e.startswith("error: watchdog: rank 1 stalled in step 3: no progress for 4.") for e in found), found
     assert not any(alive(p) for p in pids)
+
+
+def test_auto_step_timeout_ends_a_stalled_rank_after_its_floor(tmp_path):
+    """--step-timeout auto:2 with steps of ~0.05 s: the bound is max(2 s, 10 x 0.05 s) = 2 s, so rank 1 sleeping in
+    step 3 ends the job after ~2 s, not after a fixed 600 s."""
+    rc, elapsed, log, pids = run_to_the_end(tmp_path, "auto_sleep", timeout=90, step_timeout=2)
+    assert rc != 0 and elapsed < 40, (rc, elapsed, log.read_text()[-3000:])
+    found = errors(log)
+    assert any(e.startswith("error: watchdog: rank 1 stalled in step 3: no progress for 2.") and "timeout 2 s" in e
+               for e in found), found  # fmt: skip
+    assert not any(alive(p) for p in pids)
+
+
+def test_step_timeout_policy():
+    """auto: the first (compile) step keeps the long bound; then 10x the slowest step, at least the floor; a slow
+    step raises the bound instead of being killed; a fixed value stays fixed; bad flags are one line."""
+    from easy_context.training.watchdog import StepTimeout, parse_step_timeout
+
+    auto = StepTimeout(None, first_s=1800, floor_s=120)
+    assert auto.current == 1800 and auto.after(300.0) == 1800  # step 1: compile, not counted
+    assert auto.after(2.0) == 120 and auto.after(2.5) == 120  # 2 s steps: 10x is under the floor
+    assert auto.after(50.0) == 500 and auto.after(3.0) == 500  # the slowest so far decides
+    assert StepTimeout(8.0, first_s=1800).after(100.0) == 8.0
+    assert parse_step_timeout("auto") == (None, 120.0) and parse_step_timeout("auto:5") == (None, 5.0)
+    assert parse_step_timeout("600") == (600.0, 120.0) and parse_step_timeout("0") == (0.0, 120.0)
+    for bad in ("auto:0", "-3", "soon", "5:2"):
+        with pytest.raises(ValueError, match="use auto, auto:MIN_SECONDS"):
+            parse_step_timeout(bad)
 
 
 def test_stopped_rank_is_named_by_its_peer(tmp_path):

@@ -65,6 +65,54 @@ def _default_store() -> tuple[Any, int] | None:
         return None
 
 
+class StepTimeout:
+    """How long the next step may take before the watchdog ends the job: a fixed ``--step-timeout S``, or (auto,
+    ``fixed=None``) ``factor`` x the slowest step so far, at least ``floor_s`` — a 2 s step that hangs ends the job
+    after 120 s instead of 10 minutes, a 500 s step is never killed for being slow. The first step (compile,
+    warm-up) is not counted; until a second step is measured the bound is ``first_s`` (the long phase)."""
+
+    def __init__(self, fixed: float | None, first_s: float, floor_s: float = 120.0, factor: float = 10.0) -> None:
+        self.fixed, self.first_s, self.floor_s, self.factor = fixed, float(first_s), float(floor_s), float(factor)
+        self.slowest: float | None = None
+        self.steps = 0
+
+    @property
+    def current(self) -> float:
+        """The bound for the next step, from what was measured so far."""
+        if self.fixed is not None:
+            return float(self.fixed)
+        if self.slowest is None:
+            return self.first_s
+        return max(self.floor_s, self.factor * self.slowest)
+
+    def after(self, seconds: float) -> float:
+        """Record a step that took ``seconds``; return the bound for the next one."""
+        self.steps += 1
+        if self.steps > 1:  # the first step compiles and warms up: not a measure of a step
+            self.slowest = max(self.slowest or 0.0, float(seconds))
+        return self.current
+
+
+def parse_step_timeout(text: str) -> tuple[float | None, float]:
+    """``--step-timeout``: ``auto`` (adapt: :class:`StepTimeout`, floor 120 s), ``auto:MIN_S`` (adapt, floor
+    MIN_S), ``S`` (fixed seconds) or ``0`` (off) -> (fixed seconds or None for auto, floor)."""
+    kind, _, floor = text.strip().partition(":")
+    try:
+        if kind == "auto":
+            floor_s = float(floor) if floor else 120.0
+            if not floor_s > 0:
+                raise ValueError
+            return None, floor_s
+        if floor:
+            raise ValueError
+        value = float(kind)
+        if value < 0 or value != value:
+            raise ValueError
+        return value, 120.0
+    except ValueError:
+        raise ValueError(f"--step-timeout {text!r}: use auto, auto:MIN_SECONDS, a number of seconds, or 0 (off)")
+
+
 class Watchdog:
     """Ends this process when no :meth:`beat` came within ``timeout_s`` seconds (see the module doc).
 
