@@ -110,7 +110,8 @@ def parse_step_timeout(text: str) -> tuple[float | None, float]:
             raise ValueError
         return value, 120.0
     except ValueError:
-        raise ValueError(f"--step-timeout {text!r}: use auto, auto:MIN_SECONDS, a number of seconds, or 0 (off)") from None
+        usage = "use auto, auto:MIN_SECONDS, a number of seconds, or 0 (off)"
+        raise ValueError(f"--step-timeout {text!r}: {usage}") from None
 
 
 class Watchdog:
