@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _moved, backends, usp_attn  # noqa: F401  (backends: registers the built-in backends, in their order)
+from . import backends, usp_attn  # noqa: F401  (backends: registers the built-in backends, in their order)
 from .compat import (  # EasyContext's per-backend names
     apply_dist_flash_attn_monkey_patch_llama,
     apply_ulysses_attn_monkey_patch_llama,
@@ -38,7 +38,6 @@ from .training.fp8 import quiet_torchao_import
 from .usp_attn import monkey_patch as _usp_monkey_patch
 from .usp_attn import prepare_inputs as _usp_prepare_inputs
 
-_moved.install()  # easy_context.groups, easy_context.process_exit, ...: the modules now in core/ and training/
 quiet_torchao_import()  # transformers' model code imports torchao (installed for --fp8): not its CPU log noise
 
 # EasyContext's USP package was ``easy_context.usp``: its module paths name ours

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 import easy_context as ec
-from easy_context import cli, launch_configs, recipe
+from easy_context import cli, launch_configs
 from easy_context.core.document_order import balance_documents
 from easy_context.core.groups import collective_timeout, launch_error
 from easy_context.core.registry import add_backend_args, option_values, unknown_mode_error
@@ -46,7 +46,7 @@ from easy_context.loss import (
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
 from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
 from easy_context.sp_config import SPConfig, resolve_sp_config
-from easy_context.training import fp8
+from easy_context.training import fp8, recipe
 from easy_context.training.compile import compile_regions
 from easy_context.training.deepspeed_precision import deepspeed_precision_error
 from easy_context.training.metrics import MetricsLogger

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
-from easy_context import document_order as do
+from easy_context.core import document_order as do
 from easy_context.core.documents import Documents, find_documents
 from easy_context.loss import CausalLMWithLoss
 from tests.models import tiny_model

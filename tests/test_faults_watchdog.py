@@ -103,7 +103,8 @@ def run_single(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_watchdog_ends_a_process_that_stops_beating():
-    code = ("import time\nfrom easy_context.watchdog import Watchdog\nwd = Watchdog(1.0, rank=5, store=False).start()\n"
+    code = ("import time\nfrom easy_context.training.watchdog import Watchdog\n"
+            "wd = Watchdog(1.0, rank=5, store=False).start()\n"
             "wd.beat(1)\nt = time.monotonic()\ntime.sleep(60)\n")  # fmt: skip
     start = time.monotonic()
     res = run_single(code)
@@ -117,7 +118,8 @@ def test_watchdog_ends_a_process_that_stops_beating():
 
 
 def test_watchdog_is_quiet_while_beating_and_after_stop():
-    code = ("import time\nfrom easy_context.watchdog import Watchdog\nwd = Watchdog(0.5, rank=0, store=False).start()\n"
+    code = ("import time\nfrom easy_context.training.watchdog import Watchdog\n"
+            "wd = Watchdog(0.5, rank=0, store=False).start()\n"
             "for step in range(20):\n    time.sleep(0.1)\n    wd.beat(step)\n"
             "wd.beat(20, within_s=3)\ntime.sleep(1.5)\nwd.stop()\ntime.sleep(1.0)\nprint('ok')\n")  # fmt: skip
     res = run_single(code)
@@ -220,7 +222,8 @@ def test_killed_launcher_leaves_no_orphans(tmp_path):
 
 
 def test_watchdog_names_what_was_running():
-    code = ("import time\nfrom easy_context.watchdog import Watchdog\nwd = Watchdog(30, rank=0, store=False).start()\n"
+    code = ("import time\nfrom easy_context.training.watchdog import Watchdog\n"
+            "wd = Watchdog(30, rank=0, store=False).start()\n"
             "wd.beat(4, within_s=0.5, doing='shutting down')\ntime.sleep(60)\n")  # fmt: skip
     res = run_single(code)
     assert res.returncode == EXIT_CODE, res.stderr[-2000:]
@@ -246,7 +249,8 @@ def test_a_hang_that_holds_the_gil_is_ended_by_the_c_timer():
 
 
 def test_stop_disarms_the_c_timer():
-    code = ("import time\nfrom easy_context.watchdog import Watchdog\n"
+    code = ("import time\nfrom easy_context.training.watchdog import Watchdog\n"
+            ""
             "wd = Watchdog(0.3, rank=0, store=False, backstop_s=0.2).start()\nwd.beat(1)\nwd.stop()\n"
             "wd.beat(2)  # a beat after stop arms nothing\ntime.sleep(1.5)\nprint('ok')\n")  # fmt: skip
     res = run_single(code)

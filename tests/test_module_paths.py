@@ -1,27 +1,22 @@
-"""The modules that moved into easy_context.core / easy_context.training import under their old names too."""
+"""This project's own module paths of before the core/ and training/ split (easy_context.groups, ...) are gone (no
+shim); EasyContext's public names stay (tests/test_easycontext_names.py)."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 
-from easy_context._moved import MOVED
 
-
-def test_every_old_path_is_the_moved_module():
-    for old, new in MOVED.items():
-        if new.endswith("lse_merge_triton"):  # needs triton (CUDA machines)
-            continue
-        assert importlib.import_module(old) is importlib.import_module(new), old
-
-
-def test_old_paths_work_in_a_fresh_process_and_from_imports():
-    old = ("from easy_context.process_exit import exit_process\nfrom easy_context.groups import init_sp_groups\n"
-           "import easy_context.train_state as ts\n"
-           "assert ts.__name__ == 'easy_context.training.train_state'\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", old], capture_output=True, text=True, timeout=120)
+def test_old_internal_paths_are_gone_and_the_new_ones_import():
+    code = ("import importlib\n"
+            "for old in ('easy_context.groups', 'easy_context.process_exit', 'easy_context.train_state',\n"
+            "            'easy_context.watchdog', 'easy_context.recipe', 'easy_context.document_order'):\n"
+            "    try:\n"
+            "        importlib.import_module(old)\n"
+            "    except ModuleNotFoundError:\n"
+            "        continue\n"
+            "    raise SystemExit(f'{old} still imports')\n"
+            "import easy_context.core.groups, easy_context.training.process_exit\n"
+            "import easy_context.training.recipe\n")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    wrong = subprocess.run([sys.executable, "-c", "import easy_context.core.train_state"], capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
-    assert "No module named 'easy_context.core.train_state'" in wrong.stderr  # only real old names are mapped
