@@ -86,14 +86,16 @@ def needle_text(
     return "".join(pieces), spans
 
 
-def _encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
-    """Token ids of ``text`` and, per token, whether it lies inside one of ``spans`` (the answers)."""
+def encode_answers(tokenizer, text: str, spans: list[tuple[int, int]], flag: str = "--needle-loss"
+                   ) -> tuple[list[int], list[bool]]:  # fmt: skip
+    """Token ids of ``text`` and, per token, whether it lies inside one of ``spans`` (character ranges: the answers
+    a row trains on). ``flag``: the option named when the tokenizer has no offsets (a slow tokenizer)."""
     try:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError as e:  # slow (Python) tokenizers have no offsets
         raise ValueError(
-            "needle rows with --needle-loss answer need a fast tokenizer (offsets); use a tokenizers-backed one "
-            "or --needle-loss all"
+            f"rows trained on their answers ({flag} answer) need a fast tokenizer (offsets); use a tokenizers-backed "
+            f"one or {flag} all"
         ) from e
     inside = [end > start and any(a <= start and end <= b for a, b in spans) for start, end in enc["offset_mapping"]]
     return enc["input_ids"], inside
@@ -112,7 +114,7 @@ def retrieval_row(
     needles = draw_needles(rng, mix)
 
     def encode(sentences: list[str], draws: random.Random = rng) -> tuple[list[int], list[bool]]:
-        ids, answer = _encode(tokenizer, *needle_text(draws, sentences, needles))
+        ids, answer = encode_answers(tokenizer, *needle_text(draws, sentences, needles))
         return ids + [eos], answer + [False]
 
     probe = random.Random()

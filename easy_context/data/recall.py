@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .needles import encode_answers
+
 LOSSES = ("answer", "all")
 # (record, question + answer): {key}, {value}; the answer is the {value} of the question line
 STYLES: tuple[tuple[str, str], ...] = (
@@ -78,21 +80,6 @@ def _fill(template: str, key: str, value: str) -> str:
     return template.format(key=key, ident=key.replace("-", "_"), value=value)
 
 
-def _encode(tokenizer, text: str, spans: list[tuple[int, int]] | None = None) -> tuple[list[int], list[bool]]:
-    """Token ids of ``text`` and, per token, whether it lies inside one of ``spans`` (character ranges)."""
-    if not spans:
-        return tokenizer(text, add_special_tokens=False)["input_ids"], []
-    try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    except NotImplementedError as e:  # slow (Python) tokenizers have no offsets
-        raise ValueError(
-            "recall rows with --recall-loss answer need a fast tokenizer (offsets); use a tokenizers-backed one or "
-            "--recall-loss all"
-        ) from e
-    inside = [end > start and any(a <= start and end <= b for a, b in spans) for start, end in enc["offset_mapping"]]
-    return enc["input_ids"], inside
-
-
 def line_breaks(tokens: np.ndarray, newline_ids: np.ndarray) -> np.ndarray:
     """Indices ``i`` where a record (``"\\n" + record``) may go: right before a token that starts a line break, so
     the record gets a line of its own and the text after it keeps its own break and indentation (every index when
@@ -122,7 +109,8 @@ def recall_segment(
         if key not in keys:
             keys.append(key)
     values = [random_value(rng) for _ in keys]
-    encoded = [_encode(tokenizer, "\n" + _fill(record_t, k, v))[0] for k, v in zip(keys, values)]
+    encoded = [tokenizer("\n" + _fill(record_t, k, v), add_special_tokens=False)["input_ids"]
+               for k, v in zip(keys, values)]  # fmt: skip
     while len(encoded) > 2 and sum(map(len, encoded)) > n // 4:  # records take at most a quarter of the segment
         encoded.pop(), keys.pop(), values.pop()
     asked = rng.sample(range(len(keys)), rng.randint(1, min(len(keys), mix.max_questions)))
@@ -133,7 +121,7 @@ def recall_segment(
         spans.append((at, at + len(values[i])))
         block += line
     block += "\n"
-    q_ids, q_answer = _encode(tokenizer, block, spans)
+    q_ids, q_answer = encode_answers(tokenizer, block, spans, flag="--recall-loss")
     room = n - len(q_ids) - sum(map(len, encoded))
     if room < len(encoded) + 1:
         raise ValueError(
