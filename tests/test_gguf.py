@@ -105,8 +105,7 @@ def test_gguf_special_tokens_follow_the_file(tiny, monkeypatch):
 def test_convert_gguf_writes_a_plain_folder(tiny, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from easy_context.hf.gguf_source import convert_gguf
-    from easy_context.models import load_model
+    from easy_context.models import convert_gguf, load_model
 
     out = tmp_path / "plain"
     assert convert_gguf(tiny["Q8_0"], str(out), dtype=torch.float32) == str(out)

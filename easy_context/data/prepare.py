@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
+from .columns import HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, keep_text
 from .needles import NeedleMix, mix_retrieval_rows
 from .packing import PACK_MODES, PackStats, _check_args, document_positions, pack_to_array
 from .random_tokens import RandomTokens, random_source_rows
@@ -21,11 +22,7 @@ from .recall import RecallMix, mix_recall_rows
 from .sources import is_saved_dataset, load_documents, load_saved_dataset
 from .tokenizer import load_tokenizer
 
-INPUT_IDS = "input_ids"
-POSITION_IDS = "position_ids"
-LABELS = "labels"  # the row's ids with -100 where it is not trained on (needle rows with --needle-loss answer)
 _BATCH = 256
-_HAYSTACK_CHARS = 16_000_000  # text kept in memory as the needle haystack
 DEFAULT_MAX_MEMORY_GB = 4.0
 # The in-memory path's peak, measured (docs/data.md): 45 bytes per token (concat), 65 (documents), 136 per source
 # token with documents + upsampling x2 + repeat 2. Counted per source character (a byte-level tokenizer's worst
@@ -124,7 +121,7 @@ def prepare_dataset(
         return _prepare_streaming(documents, source, tokenizer, seq_length, output_dir, budget, settings)
     kept: list[str] = []
     if needles is not None and needles.fraction > 0:
-        documents = _keep_text(documents, kept, _HAYSTACK_CHARS)
+        documents = keep_text(documents, kept, HAYSTACK_CHARS)
     token_lists = tokenize_documents(documents, tokenizer, num_proc=num_proc, show_progress=show_progress)
     if repeat > 1:
         token_lists = list(token_lists)
@@ -302,16 +299,6 @@ def _datasets_progress(show: bool) -> Iterator[None]:
     finally:
         if was_enabled and not show:
             datasets.enable_progress_bars()
-
-
-def _keep_text(documents: Iterable[str], kept: list[str], limit: int) -> Iterator[str]:
-    """Yield ``documents`` unchanged, appending them to ``kept`` until ``limit`` characters are kept."""
-    size = 0
-    for text in documents:
-        if size < limit:
-            kept.append(text)
-            size += len(text)
-        yield text
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

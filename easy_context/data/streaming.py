@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
+from .columns import HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, keep_text
 from .packing import PackStats, _check_args, document_positions
-from .prepare import _HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, _keep_text
 from .recall import RecallMixer
 
 SPILL_BITS = 6  # 64 spill files, split again by the next 6 bits when one is over its cap
@@ -88,7 +88,7 @@ class Budget:
 
     @property
     def haystack_chars(self) -> int:  # needle haystack text kept in memory
-        return min(_HAYSTACK_CHARS, self.total // 128)
+        return min(HAYSTACK_CHARS, self.total // 128)
 
 
 def random_keys(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
@@ -599,7 +599,7 @@ class _Run:
     def scatter(self, documents: Iterable[str], num_proc: int, show_progress: bool) -> None:
         """Pass 1: tokenize ``documents`` in batches; spill every instance (copies, upsampling) with its key."""
         if self.needles is not None and self.needles.fraction > 0:
-            documents = _keep_text(documents, self.kept, self.plan.haystack_chars)
+            documents = keep_text(documents, self.kept, self.plan.haystack_chars)
         stats, first_doc = self.stats, 0
         for ids, lengths in token_batches(documents, self.tokenizer, self.plan.batch_chars, num_proc, show_progress):
             if ids.size and (ids.min() < 0 or ids.max() >= self.vocab):

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
-import tempfile
 from typing import NamedTuple
 
 import torch
@@ -181,30 +179,16 @@ def load_gguf_config(name: str):
     return config
 
 
-def load_gguf_model(
-    name: str,
-    dtype: torch.dtype = torch.bfloat16,
-    *,
-    config=None,
-    rope_theta: float | None = None,
-    max_position_embeddings: int | None = None,
-    rope_scaling: dict | None = None,
-):
+def load_gguf_model(name: str, dtype: torch.dtype = torch.bfloat16, *, config=None):
     """A plain (not quantized) causal LM from a GGUF file, every weight dequantized to ``dtype``.
 
-    ``config``: the model's config (e.g. from ``easy_context.models.build_config``); without it the file's config
-    with the overrides of ``build_config`` (``rope_theta``, ``max_position_embeddings``, ``rope_scaling``). The
-    result has no ``quantization_config`` and no quantizer: it trains, and ``save_pretrained`` writes a plain folder.
-    """
+    ``config``: the model's config (``easy_context.models.build_config`` applies the RoPE base, scaling and context
+    size to :func:`load_gguf_config`'s); None: the file's own. The result has no ``quantization_config`` and no
+    quantizer: it trains, and ``save_pretrained`` writes a plain folder."""
     from transformers import AutoModelForCausalLM
 
     if config is None:
-        from ..models import build_config
-
-        config = build_config(name, rope_theta=rope_theta, max_position_embeddings=max_position_embeddings,
-                              rope_scaling=rope_scaling)  # fmt: skip
-    elif (rope_theta, max_position_embeddings, rope_scaling) != (None, None, None):
-        raise ValueError("load_gguf_model: pass either config or its overrides (rope_theta, ...), not both")
+        config = load_gguf_config(name)
     info = check_gguf(name)
     folder, filename = split_gguf(name)
     extra = {}
@@ -240,55 +224,6 @@ def load_gguf_tokenizer(name: str):
         if 0 <= token_id < len(tokenizer) and getattr(tokenizer, f"{attr}_id", None) != token_id:
             setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
     return tokenizer
-
-
-def convert_gguf(
-    name: str,
-    out_dir: str,
-    dtype: torch.dtype = torch.bfloat16,
-    tokenizer: str | None = None,
-    force: bool = False,
-) -> str:
-    """Write a GGUF file as a plain HF folder ``out_dir`` (safetensors in ``dtype``, config.json, tokenizer files)
-    that loads without ``gguf``. ``tokenizer``: a tokenizer name/folder to save instead of the file's own (needed
-    when the file has none). Does nothing when ``out_dir`` already holds config.json and weights (``force``
-    rewrites); the folder appears complete or not at all (written next to it, then renamed). Returns ``out_dir``."""
-    if not force and is_hf_folder(out_dir):
-        return out_dir
-    if tokenizer is not None:
-        from ..data.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(tokenizer)
-    else:
-        tok = load_gguf_tokenizer(name)
-    model = load_gguf_model(name, dtype)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    temp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
-    os.chmod(temp, 0o755)  # mkdtemp makes it private; the folder it becomes should not be
-    try:
-        model.save_pretrained(temp)
-        tok.save_pretrained(temp)
-        if os.path.isdir(out_dir):  # force, or a folder without weights: replace what it holds, keep the rest
-            for entry in os.listdir(temp):
-                target = os.path.join(out_dir, entry)
-                if os.path.isdir(target):
-                    shutil.rmtree(target)
-                os.replace(os.path.join(temp, entry), target)
-            os.rmdir(temp)
-        else:
-            os.replace(temp, out_dir)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-    return out_dir
-
-
-def is_hf_folder(path: str) -> bool:
-    """Whether ``path`` holds a config.json and model weights (safetensors or a PyTorch .bin)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return False
-    return any(n.endswith((".safetensors", ".bin")) for n in os.listdir(path))
 
 
 def _ggufs(folder: str) -> list[str]:

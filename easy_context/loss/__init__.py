@@ -24,9 +24,9 @@ from .fused_ce import (
     linear_cross_entropy,
 )
 from .global_loss import all_reduce_count, count_valid_targets, global_mean_for_logging, global_mean_loss
-from .lm_head import HEAD_LOSS_IMPLS, CausalLMWithLoss, LMHeadWithLoss
+from .lm_head import CausalLMWithLoss, LMHeadWithLoss
 from .logit_scale import LOGIT_SCALING, logit_multiplier
-from .select import LOSS_CHOICES, resolve_loss_impl
+from .select import HEAD_LOSS_IMPLS, LOSS_CHOICES, resolve_loss_impl
 
 __all__ = [
     "HEAD_LOSS_IMPLS",

@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .chunked_ce import DEFAULT_CHUNK_SIZE, IGNORE_INDEX
-from .fused_ce import LCE_IMPLS, linear_cross_entropy
+from .fused_ce import linear_cross_entropy
 from .logit_scale import logit_multiplier
-
-HEAD_LOSS_IMPLS = (*LCE_IMPLS, "flash_attn")
+from .select import resolve_loss_impl
 
 
 def _flash_attn_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,8 +34,6 @@ def _flash_attn_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tu
 def _resolve(impl: str) -> str:
     """``impl`` checked, ``"auto"`` made concrete for this machine (:func:`easy_context.loss.select.resolve_loss_impl`;
     a run that trains elsewhere than on the machine's GPU resolves with its device first, as train.py does)."""
-    from .select import resolve_loss_impl  # select imports this module
-
     return resolve_loss_impl(impl)[0]
 
 

@@ -16,7 +16,9 @@ import importlib.metadata
 
 import torch
 
-from .lm_head import HEAD_LOSS_IMPLS
+from .fused_ce import LCE_IMPLS
+
+HEAD_LOSS_IMPLS = (*LCE_IMPLS, "flash_attn")  # what the LM head with loss computes (easy_context.loss.lm_head)
 
 LOSS_CHOICES = ("auto", *HEAD_LOSS_IMPLS)
 # impl -> (module that must import, pip name): the Triton kernels, CUDA devices only
