@@ -23,12 +23,22 @@ SHAPE_PREFIX = "shape:"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".index.json")
 
 
-def is_config_only(name: str) -> bool:
-    """Whether ``name`` is a local folder with a ``config.json`` and no weight files (safetensors, bin, index)."""
+def _folder_weights(name: str) -> bool | None:
+    """None when ``name`` is not a local folder with a ``config.json``; else whether it holds weight files."""
     path = os.path.expanduser(name)
     if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
-        return False
-    return not any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(path))
+        return None
+    return any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(path))
+
+
+def is_config_only(name: str) -> bool:
+    """Whether ``name`` is a local folder with a ``config.json`` and no weight files (safetensors, bin, index)."""
+    return _folder_weights(name) is False
+
+
+def is_hf_folder(path: str) -> bool:
+    """Whether ``path`` is a local checkpoint: a ``config.json`` and weight files."""
+    return _folder_weights(path) is True
 
 
 def is_random_init(name: str) -> bool:
@@ -209,13 +219,6 @@ def load_model(
     else:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype)
     return model
-
-
-def is_hf_folder(path: str) -> bool:
-    """Whether ``path`` holds a config.json and model weights (safetensors or a PyTorch .bin)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return False
-    return any(n.endswith((".safetensors", ".bin")) for n in os.listdir(path))
 
 
 def convert_gguf(name: str, out_dir: str, dtype: torch.dtype = torch.bfloat16, tokenizer: str | None = None,
