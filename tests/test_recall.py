@@ -143,3 +143,16 @@ def test_compare_summary(tmp_path):
     assert summary["models"]["extended"]["ppl"]["16384"] == 22.0
     assert "| extended |" in (out / "summary.md").read_text()
     assert (out / "comparison.png").stat().st_size > 10_000
+
+
+def test_code_corpus_and_compare_refuse_bad_input(tmp_path, capsys):
+    """A missing --root, a root without sources, a --model without NAME=DIR: one line each, naming the fix."""
+    with pytest.raises(SystemExit):
+        corpus_main(["--root", str(tmp_path / "nope"), "--output", str(tmp_path / "c.jsonl")])
+    assert "no such folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert corpus_main(["--root", str(tmp_path / "empty"), "--output", str(tmp_path / "c.jsonl")]) == 1
+    assert "no packages or .py files" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        compare.main(["--model", str(tmp_path), "--base-length", "8", "--target-length", "16", "--output", "o"])
+    assert "expected NAME=DIR" in capsys.readouterr().err
