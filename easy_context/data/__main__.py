@@ -20,7 +20,6 @@ from .. import cli
 from .needles import LOSSES, NeedleMix
 from .packing import PACK_MODES
 from .prepare import DEFAULT_MAX_MEMORY_GB, pack_stats, prepare_dataset
-from .recall import LOSSES as RECALL_LOSSES
 from .recall import RecallMix
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
@@ -69,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "their own (not eval_needle.py's) written into the row's own text (docs/data.md)")  # fmt: skip
     p.add_argument("--recall-records", type=int, default=24, metavar="N", help="at most N records per segment")
     p.add_argument("--recall-questions", type=int, default=8, metavar="Q", help="at most Q questions per segment")
-    p.add_argument("--recall-loss", default="answer", choices=list(RECALL_LOSSES),
+    p.add_argument("--recall-loss", default="answer", choices=list(LOSSES),
                    help="what a recall row trains on: its answers only (the rest is context), or all")  # fmt: skip
     p.add_argument("--pack", default="concat", choices=list(PACK_MODES),
                    help="; ".join(f"{k}: {v}" for k, v in PACK_MODES.items()))  # fmt: skip

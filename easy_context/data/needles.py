@@ -41,14 +41,19 @@ class NeedleMix:
     loss: str = "answer"  # "answer": a retrieval row trains on its answers only; "all": on every token
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"needle fraction must be in [0, 1], got {self.fraction}")
+        check_mix("needle", self.fraction, self.loss)
         if self.digits < 1:
             raise ValueError(f"needle digits must be >= 1, got {self.digits}")
         if not 1 <= self.max_needles <= len(CITIES):
             raise ValueError(f"needles per document must be in 1..{len(CITIES)}, got {self.max_needles}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"needle loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+
+
+def check_mix(kind: str, fraction: float, loss: str) -> None:
+    """The rules every mix of special rows shares: a share of the rows in [0, 1], a loss of :data:`LOSSES`."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{kind} fraction must be in [0, 1], got {fraction}")
+    if loss not in LOSSES:
+        raise ValueError(f"{kind} loss must be one of {', '.join(LOSSES)}, got {loss!r}")
 
 
 def draw_needles(rng: random.Random, mix: NeedleMix) -> list[tuple[str, str]]:

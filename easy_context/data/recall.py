@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .needles import encode_answers
+from .needles import check_mix, encode_answers
 
-LOSSES = ("answer", "all")
 # (record, question + answer): {key}, {value}; the answer is the {value} of the question line
 STYLES: tuple[tuple[str, str], ...] = (
     ("registry: the access code of {key} is {value}", "lookup: the access code of {key} is {value}"),
@@ -52,14 +51,11 @@ class RecallMix:
     loss: str = "answer"  # "answer": a recall row trains on its answers only; "all": on every token
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"recall fraction must be in [0, 1], got {self.fraction}")
+        check_mix("recall", self.fraction, self.loss)
         if self.max_records < 2:
             raise ValueError(f"recall records per segment must be >= 2, got {self.max_records}")
         if self.max_questions < 1:
             raise ValueError(f"recall questions per segment must be >= 1, got {self.max_questions}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"recall loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
 
 
 def random_key(rng: random.Random) -> str:
