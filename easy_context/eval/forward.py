@@ -8,18 +8,22 @@ real tokens never attend to them), sharded, and run through the decoder with glo
   ``(n, vocab)`` rows. The full ``(seq, vocab)`` logits never exist.
 * :func:`loss_sum` — this rank's summed cross-entropy and valid-target count through
   :class:`~easy_context.loss.CausalLMWithLoss` (chunked: no logits either).
-* :func:`greedy_generate` — greedy decoding by re-running the sequence (no KV cache under SP).
+* :func:`greedy_generate` — greedy decoding: an SP prefill, then one token per forward against a KV cache that stays
+  sharded over the ranks (:mod:`easy_context.hf.kv_cache`).
 
 Every rank of the SP group calls these with the same full sequence (lockstep).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
 import easy_context as ec
 
+from ..hf.kv_cache import ShardedKVCache
 from ..hf.support import decoder_of
 from ..loss.logit_scale import logit_multiplier
 from .runtime import EvalRuntime
@@ -83,17 +87,60 @@ def loss_sum(model_with_loss, runtime: EvalRuntime, ids: list[int], targets: lis
     return total.float(), count
 
 
+def _attends_through_easy_context(model) -> bool:
+    return str(getattr(model.config, "_attn_implementation", "")).startswith("easy_context_")
+
+
 @torch.no_grad()
 def greedy_generate(
-    model, runtime: EvalRuntime, ids: list[int], max_new_tokens: int, pad_id: int, eos_id: int | None = None
+    model,
+    runtime: EvalRuntime,
+    ids: list[int],
+    max_new_tokens: int,
+    pad_id: int,
+    eos_id: int | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> list[int]:
-    """Greedy continuation of ``ids`` (at most ``max_new_tokens``, stops after EOS); same on every rank."""
-    seq = list(ids)
+    """Greedy continuation of ``ids`` (at most ``max_new_tokens``; stops after EOS, or once ``stop(new_ids)`` is
+    true); the same on every rank.
+
+    One prefill of the prompt, then one forward per new token against a KV cache: under easy_context's attention
+    (every SP mode; data parallel with a named kernel) the cache stays sharded where the prefill put it
+    (:class:`~easy_context.hf.kv_cache.ShardedKVCache`); with the model's own attention (data parallel, kernel
+    ``auto``) it is transformers' ``DynamicCache``, i.e. what ``model.generate`` computes.
+    """
+    decoder = decoder_of(model)
     new: list[int] = []
-    for _ in range(max_new_tokens):
-        token = int(logits_at(model, runtime, seq, [len(seq) - 1], pad_id)[0].argmax())
+    if _attends_through_easy_context(model):
+        cache = ShardedKVCache(runtime.distributed)
+        with cache.prefill(len(ids)):
+            logits = logits_at(model, runtime, ids, [len(ids) - 1], pad_id)[0]
+
+        def step(token: int, position: int) -> torch.Tensor:
+            with cache.decode():
+                hidden = decoder(input_ids=torch.tensor([[token]], device=runtime.device),
+                                 position_ids=torch.tensor([[position]], device=runtime.device),
+                                 use_cache=False).last_hidden_state  # fmt: skip
+            return _head_logits(model, hidden[0, -1:])[0]
+    else:
+        from transformers import DynamicCache
+
+        hf_cache = DynamicCache(config=model.config)
+        prompt = torch.tensor([ids], device=runtime.device)
+        hidden = decoder(input_ids=prompt, position_ids=torch.arange(len(ids), device=runtime.device)[None],
+                         past_key_values=hf_cache, use_cache=True).last_hidden_state  # fmt: skip
+        logits = _head_logits(model, hidden[0, -1:])[0]
+
+        def step(token: int, position: int) -> torch.Tensor:
+            hidden = decoder(input_ids=torch.tensor([[token]], device=runtime.device),
+                             position_ids=torch.tensor([[position]], device=runtime.device),
+                             past_key_values=hf_cache, use_cache=True).last_hidden_state  # fmt: skip
+            return _head_logits(model, hidden[0, -1:])[0]
+
+    for i in range(max_new_tokens):
+        token = int(logits.argmax())
         new.append(token)
-        if eos_id is not None and token == eos_id:
+        if (eos_id is not None and token == eos_id) or (stop is not None and stop(new)) or i + 1 == max_new_tokens:
             break
-        seq.append(token)
+        logits = step(token, len(ids) + i)
     return new

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ..core.documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
 from ..core.groups import get_sp_group
 from ..core.registry import get_attn_func, get_seq_algo
+from .kv_cache import active_cache
 
 
 def _full_length(seq_algo: str, local_len: int) -> int:
@@ -144,6 +145,12 @@ def attention_calls() -> int:
     return _CALLS[0]
 
 
+def _layer_key(module: torch.nn.Module) -> int:
+    """The cache slot of an attention module: its ``layer_idx`` (transformers sets it), else its identity."""
+    layer = getattr(module, "layer_idx", None)
+    return int(layer) if layer is not None else id(module)
+
+
 def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
     """The transformers attention function for ``seq_algo`` (``options``: kernel, ring_degree, ...)."""
     attn = get_attn_func(seq_algo, **options)
@@ -161,12 +168,22 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
         _CALLS[0] += 1
         check_supported(module, seq_algo, query, attention_mask, dropout, kwargs)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
-        documents = _documents(seq_algo, options, query, kwargs)
-        out = attn(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal,
-            documents=documents, **variants(module, kwargs),
-        )  # fmt: skip
-        return out, None
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        extra = variants(module, kwargs)
+        cache = active_cache()
+        if cache is not None and cache.mode == "decode":  # one new token against the sharded cache
+            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+            out = cache.attend(_layer_key(module), q, k, v, kwargs.get("position_ids"), scale, extra, None)
+            return out, None
+
+        def call() -> torch.Tensor:
+            documents = _documents(seq_algo, options, query, kwargs)
+            return attn(q, k, v, softmax_scale=scaling, causal=causal, documents=documents, **extra)
+
+        if cache is not None:  # prefill: record this rank's K/V shard
+            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+            return cache.attend(_layer_key(module), q, k, v, kwargs.get("position_ids"), scale, extra, call), None
+        return call(), None
 
     easy_context_attention.__name__ = f"easy_context_{seq_algo}_attention"
     return easy_context_attention
