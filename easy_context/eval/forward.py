@@ -16,6 +16,7 @@ Every rank of the SP group calls these with the same full sequence (lockstep).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -125,16 +126,18 @@ def greedy_generate(
     else:
         from transformers import DynamicCache
 
-        hf_cache = DynamicCache(config=model.config)
+        # transformers >= 5.2x names the argument ``cache`` (``past_key_values`` deprecated); older ones only the latter
+        cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+        hf_cache = {cache_arg: DynamicCache(config=model.config)}
         prompt = torch.tensor([ids], device=runtime.device)
         hidden = decoder(input_ids=prompt, position_ids=torch.arange(len(ids), device=runtime.device)[None],
-                         past_key_values=hf_cache, use_cache=True).last_hidden_state  # fmt: skip
+                         use_cache=True, **hf_cache).last_hidden_state  # fmt: skip
         logits = _head_logits(model, hidden[0, -1:])[0]
 
         def step(token: int, position: int) -> torch.Tensor:
             hidden = decoder(input_ids=torch.tensor([[token]], device=runtime.device),
                              position_ids=torch.tensor([[position]], device=runtime.device),
-                             past_key_values=hf_cache, use_cache=True).last_hidden_state  # fmt: skip
+                             use_cache=True, **hf_cache).last_hidden_state  # fmt: skip
             return _head_logits(model, hidden[0, -1:])[0]
 
     for i in range(max_new_tokens):

@@ -134,3 +134,45 @@ def ppl_plot(
     ax.legend()
     fig.tight_layout()
     return _save(fig, path)
+
+
+def ruler_figure(scores: Mapping[str, Mapping[int, float]], average: Mapping[int, float], path: str,
+                 title: str | None = None, threshold: float | None = None) -> str:  # fmt: skip
+    """RULER results: a tasks x lengths heatmap of scores (0..1) and the average over the tasks vs length, with the
+    effective-length threshold as a dashed line."""
+    tasks = list(scores)
+    lengths = sorted({n for row in scores.values() for n in row})
+    if not tasks or not lengths:
+        raise ValueError("no RULER results to plot")
+    grid = np.full((len(tasks), len(lengths)), np.nan)
+    for i, task in enumerate(tasks):
+        for j, length in enumerate(lengths):
+            if length in scores[task]:
+                grid[i, j] = scores[task][length]
+    fig, (ax, curve) = plt.subplots(1, 2, figsize=(6 + 0.7 * len(lengths), 1.5 + 0.38 * len(tasks)),
+                                    gridspec_kw={"width_ratios": [max(len(lengths), 2), 3]})  # fmt: skip
+    image = ax.imshow(grid, cmap=SCORE_CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="Score")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45, ha="right")
+    ax.set_yticks(range(len(tasks)), tasks)
+    ax.set_xlabel("Prompt tokens")
+    for i in range(len(tasks)):
+        for j in range(len(lengths)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7, color="black")
+    if average:
+        xs = sorted(average)
+        curve.plot(xs, [average[n] for n in xs], marker="o", color="#1f77b4", label="average")
+        curve.set_xscale("log", base=2)
+        curve.set_xticks(xs, [f"{n // 1024}K" if n >= 1024 else str(n) for n in xs], rotation=45)
+        curve.minorticks_off()
+    if threshold is not None:
+        curve.axhline(threshold, color="black", linestyle="--", linewidth=1, label=f"threshold {threshold:.2f}")
+    curve.set_ylim(0, 1.02)
+    curve.set_xlabel("Prompt tokens")
+    curve.set_ylabel("Average score")
+    curve.legend(loc="lower left", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
