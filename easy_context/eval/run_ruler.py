@@ -2,7 +2,7 @@
 
     python eval_ruler.py --model out/demo/model --lengths 512,1024 --num_samples 2        # one process
     python eval_ruler.py --model M --lengths 4096,8192,16384,32768,65536 --kernel fa4      # one GPU
-    accelerate launch --config_file accelerate_configs/single_node.yaml eval_ruler.py --model M \
+    accelerate launch --config_file accelerate_configs/single_node.yaml eval_ruler.py --model M \\
         --lengths 131072 --parallel_mode zigzag_ring_attn                                  # the prefill over 8 GPUs
 
 Every prompt is generated locally from the task definitions (easy_context/eval/ruler/tasks.py; no downloads) to a
