@@ -13,16 +13,10 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
-from easy_context.core.blockwise import Block, ForwardAccumulator
-from easy_context.core.documents import (
-    Documents,
-    Span,
-    block_cost,
-    documents_from_cu_seqlens,
-    find_documents,
-    spans_of,
-    split_blocks,
-)
+from easy_context.core.block import Block
+from easy_context.core.blockwise import ForwardAccumulator
+from easy_context.core.documents import Documents, block_cost, documents_from_cu_seqlens, find_documents, split_blocks
+from easy_context.core.spans import Span, spans_of
 from tests.dist_pool import RemoteError
 from tests.models import tiny_model
 from tests.reference import reference_with_grads, rel_err

@@ -206,7 +206,7 @@ def test_long_band_blocks_are_tiled_only_for_kernels_that_mask(window):
         forward_blocks,
         kernel_blocks,
     )
-    from easy_context.core.documents import Span
+    from easy_context.core.spans import Span
     from easy_context.core.windows import window_blocks
 
     n, d = 200, 16

@@ -13,31 +13,12 @@ no keys yet (lse -inf) without NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from ..kernels import AttnKernel
-from ..kernels.base import Band
+from .block import ALL, Block
 from .lse_merge import merge_into_, merge_safe_
-
-ALL = slice(None)
-
-
-@dataclass(frozen=True)
-class Block:
-    """Query rows ``q_rows`` attend to key rows ``k_rows`` (local indices); ``causal`` only when square.
-
-    ``batch``: the batch rows it covers (all of them, or one row when documents differ between rows).
-    ``band``: (lo, hi), query row i sees key row j only when lo <= i - j <= hi (block-local; a sliding window's
-    cut, :mod:`easy_context.core.windows`); None: every key row (or the causal triangle).
-    """
-
-    q_rows: slice
-    k_rows: slice
-    causal: bool
-    batch: slice = field(default_factory=lambda: ALL)
-    band: Band | None = None
+from .windows import tile_bands
 
 
 class ForwardAccumulator:
@@ -85,8 +66,6 @@ def kernel_blocks(kernel: AttnKernel, blocks: list[Block]) -> list[Block]:
     outside a band itself (:func:`easy_context.core.windows.tile_bands`)."""
     if kernel.skips_band_tiles or not any(blk.band is not None and blk.causal for blk in blocks):
         return blocks
-    from .windows import tile_bands  # windows builds on this module's Block
-
     return tile_bands(blocks)
 
 

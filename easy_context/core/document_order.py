@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .blockwise import Block
-from .documents import Documents, Span, _pieces, block_cost, split_blocks
+from .block import Block
+from .documents import Documents, block_cost, split_blocks
+from .spans import Span, pieces
 
 BALANCED_ALGOS = ("zigzag_ring_attn", "dist_flash_attn", "usp_attn")
 
@@ -233,8 +234,8 @@ def _terms(tasks: list[list[list[Task]]]) -> list[list[tuple]]:
             cell = []
             for blocks, q_spans, k_spans in items:
                 for blk in blocks:
-                    for q in _pieces(blk.q_rows, q_spans):
-                        for k in _pieces(blk.k_rows, k_spans):
+                    for q in pieces(blk.q_rows, q_spans):
+                        for k in pieces(blk.k_rows, k_spans):
                             q_end, k_end = q.start + q.length, k.start + k.length
                             if blk.causal and q == k:
                                 cell.append(("square", q.start, q_end))

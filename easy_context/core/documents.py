@@ -22,42 +22,13 @@ import bisect
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from .blockwise import ALL, Block
-
-
-class Span(NamedTuple):
-    """``length`` local rows from local row ``local`` hold global rows ``start .. start + length - 1``."""
-
-    local: int
-    start: int
-    length: int
-
-
-def spans_of(global_rows: Sequence[int] | torch.Tensor) -> tuple[Span, ...]:
-    """The :class:`Span` runs of a rank's local rows given the global row of each (e.g. a shard of ``arange``)."""
-    rows = global_rows.tolist() if isinstance(global_rows, torch.Tensor) else list(global_rows)
-    spans: list[Span] = []
-    for i, g in enumerate(rows):
-        if spans and spans[-1].start + spans[-1].length == g:
-            spans[-1] = spans[-1]._replace(length=spans[-1].length + 1)
-        else:
-            spans.append(Span(i, g, 1))
-    return tuple(spans)
-
-
-def restrict(spans: Sequence[Span], first: int, count: int) -> tuple[Span, ...]:
-    """The spans of local rows ``first .. first + count - 1`` of ``spans``, renumbered to start at local row 0."""
-    out = []
-    for sp in spans:
-        lo, hi = max(sp.local, first), min(sp.local + sp.length, first + count)
-        if lo < hi:
-            out.append(Span(lo - first, sp.start + lo - sp.local, hi - lo))
-    return tuple(out)
+from .block import ALL, Block
+from .spans import Span, pieces
+from .windows import window_blocks
 
 
 @dataclass(frozen=True)
@@ -136,18 +107,8 @@ def _doc(starts: Sequence[int], row: int) -> int:
     return bisect.bisect_right(starts, row) - 1
 
 
-def _pieces(rows: slice, spans: Sequence[Span]) -> list[Span]:
-    """The spans covering local ``rows`` (a slice with a start and a stop)."""
-    out = []
-    for sp in spans:
-        lo, hi = max(sp.local, rows.start), min(sp.local + sp.length, rows.stop)
-        if lo < hi:
-            out.append(Span(lo, sp.start + lo - sp.local, hi - lo))
-    return out
-
-
 def _split_one(blk: Block, q_spans, k_spans, starts: Sequence[int], length: int, batch: slice) -> list[Block]:
-    qp, kp = _pieces(blk.q_rows, q_spans), _pieces(blk.k_rows, k_spans)
+    qp, kp = pieces(blk.q_rows, q_spans), pieces(blk.k_rows, k_spans)
     if not qp or not kp:
         return []
     lo = min(p.start for p in qp + kp)
@@ -205,8 +166,6 @@ def split_blocks(
             for blk in blocks:
                 out.extend(_split_one(blk, q_spans, k_spans, starts, documents.length, rows))
     if window is not None:
-        from .windows import window_blocks  # windows builds on this module
-
         out = window_blocks(out, q_spans, k_spans, window)
     return out
 
@@ -240,13 +199,15 @@ def _agree_on_shape(algo: str, pos: torch.Tensor, group) -> None:
         )
 
 
-def gather_position_ids(seq_algo: str, local_position_ids: torch.Tensor, group=None, **options) -> torch.Tensor:
+def gather_position_ids(algo, local_position_ids: torch.Tensor, group=None, **options) -> torch.Tensor:
     """The full sequence's (batch, seq) position ids from every SP rank's local shard (one all-gather), in global
-    order (each rank's rows placed by the backend's layout, :meth:`~easy_context.core.seq_algo.SeqAlgo.global_rows`)."""
-    from .groups import get_sp_group
-    from .registry import get_seq_algo
+    order (each rank's rows placed by the backend's layout, :meth:`~easy_context.core.seq_algo.SeqAlgo.global_rows`).
 
-    algo = get_seq_algo(seq_algo)
+    ``algo``: the backend (a :class:`~easy_context.core.seq_algo.SeqAlgo`: ``name``, ``distributed``,
+    ``global_rows``; callers holding a name ask :func:`~easy_context.core.registry.get_seq_algo`)."""
+    from .groups import get_sp_group
+
+    seq_algo = algo.name
     pos = local_position_ids.reshape(1, -1) if local_position_ids.dim() == 1 else local_position_ids
     if pos.dim() != 2:
         raise ValueError(f"{seq_algo}: position_ids must be (batch, seq), got shape {tuple(pos.shape)}")
@@ -275,7 +236,7 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def local_documents(seq_algo: str, local_position_ids: torch.Tensor, group=None, **options) -> Documents | None:
+def local_documents(algo, local_position_ids: torch.Tensor, group=None, **options) -> Documents | None:
     """The documents of the full sequence from this rank's local ``position_ids`` shard (collective over the SP
     group: every rank calls it), or None when every row is one document.
 
@@ -288,11 +249,11 @@ def local_documents(seq_algo: str, local_position_ids: torch.Tensor, group=None,
         from .groups import get_sp_group
 
         world = dist.get_world_size(get_sp_group() if group is None else group)
-    key = (seq_algo, tuple(sorted(options.items())), id(group), world)
+    key = (algo.name, tuple(sorted(options.items())), id(group), world)
     return cached_on(
         local_position_ids,
         key,
-        lambda: find_documents(gather_position_ids(seq_algo, local_position_ids, group, **options)),
+        lambda: find_documents(gather_position_ids(algo, local_position_ids, group, **options)),
     )
 
 

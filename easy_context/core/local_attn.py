@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 
 from ..kernels import AttnKernel
-from .blockwise import Block, ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from .block import Block
+from .blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
 from .distributed_attn import distributed_attention
-from .documents import Documents, Span, split_blocks
+from .documents import Documents, split_blocks
+from .spans import Span
 
 
 def _document_blocks(q: torch.Tensor, causal: bool, documents: Documents | None, window: int | None = None):

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 from ..kernels import KERNEL_NAMES
-from .seq_algo import AttnFunc, OptionFlag, SeqAlgo
-
-_ALGOS: dict[str, SeqAlgo] = {}
+from .seq_algo import REGISTERED as _ALGOS
+from .seq_algo import AttnFunc, OptionFlag, SeqAlgo, algos_implementing
 
 
 def register_seq_algo(algo: SeqAlgo) -> None:
@@ -47,11 +46,6 @@ def unknown_mode_error(seq_algo: str) -> str | None:
 def document_masking_algos() -> tuple[str, ...]:
     """The registered backends whose attention implements document masking (packed documents)."""
     return algos_implementing("documents")
-
-
-def algos_implementing(keyword: str) -> tuple[str, ...]:
-    """The registered backends whose attention takes ``keyword`` (``documents``, ``window``, ``sinks``)."""
-    return tuple(name for name, algo in _ALGOS.items() if algo.implements(keyword))
 
 
 def option_flags() -> dict[str, tuple[OptionFlag, tuple[str, ...]]]:

@@ -23,10 +23,11 @@ import torch
 
 from ..kernels import KERNEL_NAMES, default_scale, get_kernel
 from ..kernels.base import check_shapes
-from .documents import Documents, Span, local_documents, spans_of
+from .documents import Documents, local_documents
 from .groups import get_sp_group
 from .layout import Layout, heads_of, length_error, ring_rule, seq_multiple_call
 from .shape_check import check_local_shapes
+from .spans import Span, spans_of
 from .windows import check_window
 
 AttnFunc = Callable[..., torch.Tensor]
@@ -103,7 +104,7 @@ class SeqAlgo:
     ``layout_rule(world_size, heads, kv_heads, **options)`` returns the :class:`~easy_context.core.layout.Layout` fields
     this backend decides (ring, ulysses, kv_rep, shard, resolved options, infeasible); :meth:`layout` adds the rest;
     ``spans(rank, world_size, seq_local, **options)`` the global rows of a rank's local rows as
-    :class:`~easy_context.core.documents.Span` runs (None: derived from ``shard``; see :meth:`global_rows`);
+    :class:`~easy_context.core.spans.Span` runs (None: derived from ``shard``; see :meth:`global_rows`);
     ``flags``: option name -> :class:`OptionFlag`, the command-line flag of each option (train.py, the evals and the
     planner add them for every registered backend: :func:`easy_context.core.registry.add_option_args`).
     """
@@ -151,7 +152,7 @@ class SeqAlgo:
 
     def global_rows(self, rank: int, world_size: int, seq_local: int, **kw) -> tuple[Span, ...]:
         """Where rank ``rank``'s ``seq_local`` local rows sit in the full sequence: contiguous runs
-        (:class:`~easy_context.core.documents.Span`), in local order. Data parallel: the whole sequence."""
+        (:class:`~easy_context.core.spans.Span`), in local order. Data parallel: the whole sequence."""
         opts = self._options(kw)
         if self.spans is not None:
             return self.spans(rank, world_size, seq_local, **opts)
@@ -242,7 +243,7 @@ class SeqAlgo:
             v_dim = v.shape[-1]  # checked above on the inputs as given (every rank the same); padded once here
             q, k, v = equal_head_dims(q, k, v)
             if documents is None and position_ids is not None:  # one all-gather per position_ids tensor (cached)
-                documents = local_documents(algo.name, position_ids, group, **opts)
+                documents = local_documents(algo, position_ids, group, **opts)
             window = check_window(algo.name, sliding_window, causal)
             if window is not None and window >= q.shape[1] * world:
                 window = None  # every key of the sequence is in the window: plain causal attention
@@ -255,8 +256,6 @@ class SeqAlgo:
                      if x is not None}  # fmt: skip
             for name in extra:
                 if not algo.implements(name):
-                    from .registry import algos_implementing
-
                     raise NotImplementedError(
                         f"{algo.name}: this backend does not implement {_VARIANT_NAMES[name]}; use one of "
                         f"{', '.join(algos_implementing(name))}"
@@ -266,3 +265,13 @@ class SeqAlgo:
         attn.__name__ = f"{algo.name}_attn"
         attn.__doc__ = inspect.getdoc(algo.impl)
         return attn
+
+
+# The backends by name (filled through easy_context.core.registry.register_seq_algo; here, below the registry, so
+# that a backend's attention can name the others that implement what it lacks)
+REGISTERED: dict[str, SeqAlgo] = {}
+
+
+def algos_implementing(keyword: str) -> tuple[str, ...]:
+    """The registered backends whose attention takes ``keyword`` (``documents``, ``window``, ``sinks``)."""
+    return tuple(name for name, algo in REGISTERED.items() if algo.implements(keyword))

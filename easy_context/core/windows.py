@@ -5,13 +5,13 @@ The convention is transformers' (``masking_utils.sliding_window_overlay``, eager
 before it; flash-attention's ``window_size = (w - 1, 0)``). Only causal attention has a window here.
 
 Like document masking (:mod:`easy_context.core.documents`) it is a per-block rule on global rows: every block a schedule
-computes maps its local rows to contiguous global runs (:class:`~easy_context.core.documents.Span`), and
+computes maps its local rows to contiguous global runs (:class:`~easy_context.core.spans.Span`), and
 :func:`window_blocks` turns each (query run x key run) piece into
 
 * nothing, when every key is more than w - 1 rows before every query (a ring step or a DistFlashAttn task beyond the
   window makes no kernel call);
 * the piece unchanged, when every key is within the window (no mask: the fast kernel path);
-* a band block (:attr:`~easy_context.core.blockwise.Block.band`), trimmed to the query rows that have a key in it and
+* a band block (:attr:`~easy_context.core.block.Block.band`), trimmed to the query rows that have a key in it and
   the key rows some query sees, so every query row of a band block has at least one key;
 * for a causal diagonal piece longer than the window: one causal band block ``(0, w - 1)``. A kernel that skips the
   tiles outside a band (flash-attn-4's window) computes it in one call, ~n w work; for the others
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .blockwise import Block
-from .documents import Span, _pieces
+from .block import Block
+from .spans import Span, pieces
 
 MIN_TILE = 32  # diagonal tiles of at least this many rows (a 1-token window would otherwise make one call per row)
 
@@ -103,7 +103,7 @@ def window_blocks(blocks: Sequence[Block], q_spans: Sequence[Span], k_spans: Seq
         return list(blocks)
     out: list[Block] = []
     for blk in blocks:
-        qp, kp = _pieces(blk.q_rows, q_spans), _pieces(blk.k_rows, k_spans)
+        qp, kp = pieces(blk.q_rows, q_spans), pieces(blk.k_rows, k_spans)
         if not qp or not kp:
             continue
         if max(p.start + p.length for p in qp) - 1 - min(p.start for p in kp) <= window - 1:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.documents import Span
 from ..core.layout import local_rule
 from ..core.local_attn import local_attention
 from ..core.seq_algo import SeqAlgo
+from ..core.spans import Span
 
 
 def identity_shard(value: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:

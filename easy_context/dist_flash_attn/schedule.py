@@ -27,8 +27,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..core.blockwise import Block
-from ..core.documents import Documents, Span, split_blocks
+from ..core.block import Block
+from ..core.documents import Documents, split_blocks
+from ..core.spans import Span
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def _documents(seq_algo: str, options: dict[str, Any], query: torch.Tensor, kwar
     position_ids = kwargs.get("position_ids")
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     opts = {k: v for k, v in options.items() if k != "kernel"}
-    docs = None if position_ids is None else local_documents(seq_algo, position_ids, **opts)
+    docs = None if position_ids is None else local_documents(get_seq_algo(seq_algo), position_ids, **opts)
     if cu_q is None:
         return docs
     full = _full_length(seq_algo, query.shape[2])

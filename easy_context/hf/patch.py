@@ -69,7 +69,8 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
                 "targets to -100 (easy_context.pad_seq_parallel_inputs)"
             )
         position_ids = kwargs.get("position_ids", positional.get("position_ids"))
-        if mask is not None and position_ids is not None and local_documents(seq_algo, position_ids, **layout_opts):
+        algo = get_seq_algo(seq_algo)
+        if mask is not None and position_ids is not None and local_documents(algo, position_ids, **layout_opts):
             raise ValueError(
                 f"{seq_algo}: an attention_mask was passed with position_ids that restart (packed documents); "
                 "transformers masks documents only without an attention_mask (with one it attends across them): "

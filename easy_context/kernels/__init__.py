@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from .base import AttnKernel, VariantError, default_scale
+from .base import SUPPORTS, AttnKernel, VariantError, default_scale, kernels_supporting
 from .cpu import CPU
 from .cuda_sdpa import CUDNN, EFFICIENT, FLASH
 from .fa4 import FA4
@@ -31,17 +31,13 @@ from .math_ref import MATH
 # first)
 KERNELS: dict[str, AttnKernel] = {k.name: k for k in (CPU, CUDNN, FLASH, EFFICIENT, FLASH_ATTN, MATH, FA4)}
 KERNEL_NAMES = ("auto", *KERNELS)
+SUPPORTS.update({name: frozenset(kern.supports) for name, kern in KERNELS.items()})
 # fastest first, measured on an H200 (docs/benchmarks.md, docs/kernels.md): flash-attn-4 (sm90/sm100 only: its
 # kernel_works refuses other GPUs without compiling anything) > cuDNN > flash-attn pkg > flash > efficient
 CUDA_PREFERENCE = ("fa4", "cudnn", "flash_attn", "flash", "efficient")
 
 __all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "VariantError", "default_scale", "get_kernel", "kernel_works",
            "kernels_supporting"]  # fmt: skip
-
-
-def kernels_supporting(variant: str) -> list[str]:
-    """Names of the kernels that compute ``variant`` ("softcap", "band")."""
-    return [name for name, kern in KERNELS.items() if variant in kern.supports]
 
 
 _PROBED: dict[tuple, bool] = {}

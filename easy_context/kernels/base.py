@@ -42,6 +42,16 @@ class VariantError(NotImplementedError):
     """A kernel was asked for an attention variant it does not compute (never computed with other math)."""
 
 
+# name -> the variants that kernel computes, in the package's order: filled by easy_context.kernels when it builds
+# its KERNELS table (this module sits below it and cannot import it)
+SUPPORTS: dict[str, frozenset[str]] = {}
+
+
+def kernels_supporting(variant: str) -> list[str]:
+    """Names of the kernels that compute ``variant`` ("softcap", "band")."""
+    return [name for name, supports in SUPPORTS.items() if variant in supports]
+
+
 def variant_error(kernel: str, variant: str, able: list[str]) -> VariantError:
     what = {"softcap": "logit soft-capping", "band": "sliding-window (band) blocks"}.get(variant, variant)
     return VariantError(
@@ -80,8 +90,6 @@ class AttnKernel:
     def require(self, variant: str) -> None:
         """:class:`VariantError` naming the kernels that can, unless this kernel computes ``variant``."""
         if variant not in self.supports:
-            from . import kernels_supporting
-
             raise variant_error(self.name, variant, kernels_supporting(variant))
 
     def _variant_kw(self, band: Band | None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.documents import Span
+from ..core.spans import Span
 
 
 def contiguous_multiple(world_size: int) -> int:

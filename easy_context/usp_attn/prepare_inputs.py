@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from ..core.documents import Span, restrict
 from ..core.groups import check_ring_degree, usp_layout
 from ..core.layout import ulysses_heads
+from ..core.spans import Span, restrict
 from ..ulysses_attn.prepare_inputs import contiguous_shard
 from ..zigzag_ring_attn.prepare_inputs import zigzag_shard, zigzag_spans
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.documents import Span
+from ..core.spans import Span
 
 
 def zigzag_multiple(world_size: int) -> int:

@@ -10,7 +10,7 @@ Each non-diagonal step is exactly two chunk x chunk blocks, so every rank does e
 
 from __future__ import annotations
 
-from ..core.blockwise import Block
+from ..core.block import Block
 
 
 def zigzag_blocks(rank: int, src: int, seq_local: int, causal: bool) -> list[Block]:
