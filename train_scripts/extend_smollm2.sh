@@ -12,10 +12,10 @@
 #      non-overlapping SHORT-token windows; the first window at 2K..TARGET) of the base and the training-free
 #      baselines: RoPE base raised to THETA, dynamic NTK x FACTOR, YaRN x FACTOR; in the background, beside 1.;
 #   3. extend: train.py --config train_scripts/extend_smollm2.yaml (fa4 when it imports, else cuDNN), resumable
-#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state); then (CONTROL=1, the
-#      default) the control: the same recipe and tokens per step at BASE_LENGTH (TARGET/BASE_LENGTH rows a step);
-#      TARGET2 (e.g. 131072): a second stage at TARGET2 tokens resumed from the extended model (STEPS2 steps, peak
-#      LR2, at most TRAIN2_S seconds), evaluated as "extended_<TARGET2>";
+#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state); TARGET2 (e.g. 131072): a
+#      second stage at TARGET2 tokens resumed from the extended model (STEPS2 steps, peak LR2, at most TRAIN2_S
+#      seconds), evaluated as "extended_<TARGET2>" (its needle beyond TARGET first); then (CONTROL=1, the default)
+#      the control: the same recipe and tokens per step at BASE_LENGTH (TARGET/BASE_LENGTH rows a step);
 #   4. after: the same evaluations of the extended model (and the control), + the needle with 3 distractors, + fixed
 #      prompts (extended); RULER's tasks (eval_ruler.py, RULER=1 the default) of the base before and of each extended
 #      model after, at RULER_LENGTHS, RULER_SAMPLES prompts per task and length, the base's score at 8K the
@@ -117,7 +117,7 @@ evaluate() { # NAME MODEL [extra]: needle, perplexity (short windows and by leng
             --sliding-window "$SHORT" ${PPL_SAMPLES:+--samples "$PPL_SAMPLES"} --output "$out/ppl_short.csv" &&
         run_stage "ppl_$name" "$PY" eval_ppl.py -m "$model" $flags --min-tokens "$SHORT" --max-tokens "$TARGET" \
             --truncate ${PPL_SAMPLES:+--samples "$PPL_SAMPLES"} --output "$out/ppl.csv" &&
-        if [ "$name" = base ] || [ "$name" = extended ]; then
+        if [ "$name" = base ] || [[ "$name" == extended* ]]; then
             run_stage "needle3_$name" "$PY" eval_needle.py --model "$model" --min_context_length "$NEEDLE_MIN" \
                 --max_context_length "$NEEDLE_MAX" --context_interval "$NEEDLE_STEP" --depth_interval 0.25 \
                 --num_samples 2 --num_distractor 3 --output-dir "$out/needle3" &&
@@ -196,23 +196,23 @@ PY
     [ -f "$out/train_done" ] || log "$name: not finished yet; the same command again continues"
 }
 
-# 3. extend at TARGET tokens, then (CONTROL=1) the control: the same recipe and tokens per step at BASE_LENGTH
+# 3. extend at TARGET tokens; then TARGET2 (resumed from it), then (CONTROL=1) the control: the same recipe and
+# tokens per step at BASE_LENGTH. The other lengths are packed on the CPU beside the first stage.
 pack "$TARGET" "$WORK/data_$TARGET"
-[ -n "$TARGET2" ] && { pack "$TARGET2" "$WORK/data_$TARGET2" & } # CPU, beside the first stage
-PACK2=$!
+PACK2= PACKC=
+[ -n "$TARGET2" ] && { pack "$TARGET2" "$WORK/data_$TARGET2" & PACK2=$!; }
+[ "${CONTROL:-1}" = 1 ] && { pack "$BASE_LENGTH" "$WORK/data_$BASE_LENGTH" & PACKC=$!; }
 train_run extended "$WORK/data_$TARGET" "$TARGET" 1
 EXT=$WORK/extended
-if [ -n "$TARGET2" ] && [ -f "$EXT/config.json" ]; then # the second stage, beside RULER of the first stage's model
-    (while kill -0 "$RULER_BASE" 2>/dev/null; do sleep 5; done; ruler extended "$EXT" "$TARGET") & # its threshold
-    RULER_EXT=$!
-    wait $PACK2
+if [ -n "$TARGET2" ] && [ -f "$EXT/config.json" ]; then # the second stage (RULER_FIRST=1: beside RULER of the first)
+    if [ "${RULER_FIRST:-1}" = 1 ]; then
+        (while kill -0 "$RULER_BASE" 2>/dev/null; do sleep 5; done; ruler extended "$EXT" "$TARGET") & # its threshold
+        RULER_EXT=$!
+    fi
+    [ -n "$PACK2" ] && wait $PACK2
     train_run "extended_$TARGET2" "$WORK/data_$TARGET2" "$TARGET2" 1 "$EXT" "$STEPS2" "$TRAIN2_S" \
         --learning-rate "$LR2" --warmup-steps 5
     EXT=$WORK/extended_$TARGET2
-fi
-if [ "${CONTROL:-1}" = 1 ]; then
-    pack "$BASE_LENGTH" "$WORK/data_$BASE_LENGTH"
-    train_run control "$WORK/data_$BASE_LENGTH" "$BASE_LENGTH" $((TARGET / BASE_LENGTH))
 fi
 wait $BEFORE $RULER_BASE
 
@@ -221,19 +221,23 @@ trained() { [ -f "$WORK/$1/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -
 LAST=extended
 if [ -n "$TARGET2" ] && trained "extended_$TARGET2"; then # the second stage's model: the evaluations to TARGET2
     LAST=extended_$TARGET2
-    (ruler "$LAST" "$EXT" "$TARGET2") &
+    (ruler "$LAST" "$EXT" "$TARGET2") & # beside its needle beyond TARGET (first: the stage's point), the rest, the control
     RULER_LAST=$!
-    evaluate "$LAST" "$EXT"
     [ -f "$WORK/eval/$LAST/needle_long/results.csv" ] ||
         run_stage "needle_long_$LAST" "$PY" eval_needle.py --model "$EXT" --min_context_length $((TARGET + TARGET / 4)) \
             --max_context_length "$TARGET2" --context_interval $((TARGET / 4)) --depth_interval 0.25 \
             --num_samples "$SAMPLES" --output-dir "$WORK/eval/$LAST/needle_long"
-    wait $RULER_LAST
+    evaluate "$LAST" "$EXT"
+fi
+if [ "${CONTROL:-1}" = 1 ]; then
+    [ -n "$PACKC" ] && wait $PACKC
+    train_run control "$WORK/data_$BASE_LENGTH" "$BASE_LENGTH" $((TARGET / BASE_LENGTH))
 fi
 for run in extended control; do
     [ "$run" = extended ] && [ "$LAST" != extended ] && continue # the first stage's model: RULER only (above)
     trained "$run" && { evaluate "$run" "$WORK/$run"; [ "$run" = extended ] && ruler extended "$WORK/extended" "$TARGET"; }
 done
+wait ${RULER_LAST:-}
 wait ${RULER_EXT:-}
 ARGS=()
 for b in $BASELINES control extended; do [ -f "$WORK/eval/$b/done" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
