@@ -9,6 +9,8 @@
 #                  bash bench/h200_extend_smollm2.sh start      (installs, starts the pipeline in its own session)
 #   4. ...         bash bench/h200_extend_smollm2.sh wait 570   (the log so far; returns early when it is done)
 #   5.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT; also of a run still going)
+#   6. (optional)  bash bench/h200_extend_smollm2.sh speed      (the 64K step on this model alone on the GPU, side by
+#                  side: stock transformers vs the recipe's path, + a profiler table of ours; into $OUT)
 # The pipeline runs under setsid, so it outlives each call while the machine stays held (calls back to back).
 # Making the parts here:  tar cf payload.tar payload/ && split -n 3 -d payload.tar pp.  (pp.00 -> .p1/, ...)
 set -uo pipefail
@@ -63,7 +65,14 @@ collect) # the summary files, and one tar of every evaluation, log and training 
     (cd "$WORK" && tar czf "$OUT/work.tgz" --exclude='*.safetensors' --exclude='state-step*' results eval logs \
         $(ls -d extended*/{metrics.jsonl,run_config.json,config.json} control/metrics.jsonl 2>/dev/null))
     ls -la "$OUT" ;;
+speed)
+    export PYTHONPATH=/tmp/sc:/root/repo
+    cd /root/repo || exit 1
+    B=(python3 bench/train_step.py --model "$WORK/base" --seq "${SEQ:-65536}" --steps 3 --out "$OUT/speed.jsonl")
+    "${B[@]}" --baseline --label stock --timeout 180
+    "${B[@]}" --kernel fa4 --checkpointing none --compile --label fa4_none_compile --profile "$OUT" --timeout 240
+    cat "$OUT/speed.jsonl" ;;
 *)
-    echo "usage: $0 stash N | start | wait SECONDS | collect" >&2
+    echo "usage: $0 stash N | start | wait SECONDS | collect | speed" >&2
     exit 2 ;;
 esac

