@@ -143,6 +143,13 @@ def test_compare_summary(tmp_path):
     assert summary["models"]["extended"]["ppl"]["16384"] == 22.0
     assert "| extended |" in (out / "summary.md").read_text()
     assert (out / "comparison.png").stat().st_size > 10_000
+    # the second heatmap names its model: --after picks it (here the first, base), an unknown name is refused
+    args = ["--model", f"base={tmp_path / 'base'}", "--model", f"extended={tmp_path / 'extended'}",
+            "--base-length", "8192", "--target-length", "16384"]  # fmt: skip
+    assert compare.main([*args, "--after", "base", "--output", str(tmp_path / "o2")]) == 0
+    assert (tmp_path / "o2" / "comparison.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        compare.main([*args, "--after", "extended_131072", "--output", str(tmp_path / "o3")])
 
 
 def test_code_corpus_and_compare_refuse_bad_input(tmp_path, capsys):

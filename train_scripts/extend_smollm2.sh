@@ -247,7 +247,8 @@ for b in $BASELINES control extended ${TARGET2:+extended_$TARGET2}; do
     [ -f "$WORK/eval/$b/done" ] && ARGS+=(--model "$b=$WORK/eval/$b")
 done
 run_stage summary "$PY" -m easy_context.eval.compare "${ARGS[@]}" --base-length "$BASE_LENGTH" \
-    --target-length "$TARGET" ${EXT:+--train-metrics "$EXT"} --output "$RESULTS"
+    --target-length "$TARGET" $([ -f "$WORK/eval/extended/done" ] && echo --after extended) \
+    --train-metrics "$WORK/extended" --output "$RESULTS"
 cat "$RESULTS/summary.md" 2>/dev/null
 (cd "$WORK" && tar czf "$RESULTS/logs.tgz" logs $(ls -d eval extended*/{metrics.jsonl,run_config.json} \
     control/{metrics.jsonl,run_config.json} 2>/dev/null))

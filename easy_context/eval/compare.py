@@ -128,15 +128,17 @@ def _ppl_lengths(models: dict) -> list[int]:
 
 
 def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, float]], base_length: int,
-           path: str) -> str:  # fmt: skip
-    """Heatmaps of the first and last model with needle rows, needle accuracy vs length of all, perplexity vs length
-    of all, the training loss; returns ``path``."""
+           path: str, after: str | None = None) -> str:  # fmt: skip
+    """Heatmaps of the first model with needle rows and of ``after`` (default: the last), needle accuracy vs length
+    of all, perplexity vs length of all, the training loss (each logged step and a running mean of 5); returns
+    ``path``."""
     from . import plots
 
     plt = plots.plt
     fig, axes = plt.subplots(2, 3, figsize=(20, 10))
     with_rows = [k for k in models if needles.get(k)]
-    for ax, name in zip(axes[0][:2], [with_rows[0], with_rows[-1]] if with_rows else []):
+    shown = [with_rows[0], after if after in with_rows else with_rows[-1]] if with_rows else []
+    for ax, name in zip(axes[0][:2], shown):
         mean = plots._heatmap(fig, ax, needles[name], mark_length=base_length)
         ax.set_title(f"{name}: needle retrieval (mean {mean:.2f})")
     ax = axes[0][2]
@@ -165,7 +167,11 @@ def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, f
         ax.legend()
     ax = axes[1][2]
     if loss:
-        ax.plot([s for s, _ in loss], [v for _, v in loss])
+        steps, values = [s for s, _ in loss], [v for _, v in loss]
+        ax.plot(steps, values, alpha=0.35, label="logged step")
+        ax.plot(steps, [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1])
+                        for i in range(len(values))], label="running mean of 5")  # fmt: skip
+        ax.legend()
     ax.set(xlabel="step", ylabel="training loss (token mean)", title="Extension: training loss")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -179,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-length", type=int, required=True, help="the extension's length")
     p.add_argument("--train-metrics", default=None, help="the extension's train.py output dir (metrics.jsonl)")
     p.add_argument("--output", required=True, help="folder for summary.json, summary.md, comparison.png")
+    p.add_argument("--after", default=None, metavar="NAME", help="the model of the second heatmap (default: the last)")
     args = p.parse_args(argv)
     models, needles = {}, {}
     for item in args.model:
@@ -197,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(summary, os.path.join(args.output, "summary.json"))
     with open(os.path.join(args.output, "summary.md"), "w", encoding="utf-8") as f:
         f.write(markdown(summary, args.base_length))
-    figure(models, needles, loss, args.base_length, os.path.join(args.output, "comparison.png"))
+    if args.after is not None and args.after not in models:
+        p.error(f"--after {args.after}: not one of the --model names ({', '.join(models)})")
+    figure(models, needles, loss, args.base_length, os.path.join(args.output, "comparison.png"), after=args.after)
     print(f"wrote {args.output}/summary.json, summary.md, comparison.png ({len(models)} models)")
     return 0
 
