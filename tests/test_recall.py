@@ -12,7 +12,7 @@ import pytest
 from easy_context.data import prepare_dataset
 from easy_context.data.code_corpus import build_corpus
 from easy_context.data.code_corpus import main as corpus_main
-from easy_context.data.recall import STYLES, RecallMix, newline_token_ids, recall_row, recall_segment
+from easy_context.data.recall import KINDS, STYLES, RecallMix, newline_token_ids, recall_row, recall_segment
 from easy_context.data.tokenizer import train_byte_level_bpe
 from easy_context.eval import compare
 from easy_context.eval.needle import NEEDLE, QUESTION
@@ -33,39 +33,100 @@ def _row(tokenizer, n: int) -> np.ndarray:
     return ids[:n]
 
 
-def test_recall_row_answers_are_recoverable_and_format_is_not_the_needle(tokenizer):
+_FIELDS = {
+    "key": "(?P<key>[a-z]+-[a-z]+)", "ident": "(?P<key>[a-z]+_[a-z]+)", "value": "(?P<value>[0-9A-Z]+)",
+    "source": "(?P<source>[a-z]+-[a-z]+)", "source_ident": "(?P<source>[a-z]+_[a-z]+)",
+    "keys": '(?P<keys>[a-z"_, -]+?)', "idents": '(?P<keys>[a-z"_, -]+?)', "values": '(?P<values>[0-9A-Z", ]+)',
+}  # fmt: skip
+
+
+def _pattern(template: str) -> re.Pattern:
+    """A template of recall.STYLES as a regex over a whole line (names normalised by the oracle below)."""
+    t = template.replace("{{", "\x00").replace("}}", "\x01")  # literal braces out of the way
+    out, i = "", 0
+    for m in re.finditer(r"\{(\w+)\}", t):
+        out += re.escape(t[i : m.start()]) + _FIELDS[m.group(1)]
+        i = m.end()
+    out = (out + re.escape(t[i:])).replace("\x00", "\\{").replace("\x01", "\\}")
+    return re.compile("^" + out + "$", re.M)
+
+
+def _items(text: str) -> list[str]:
+    return [s.strip().strip('"').replace("_", "-") for s in text.split(",")]
+
+
+def _oracle(text: str) -> dict[str, int]:
+    """Answer every question of a recall row from the records above it, in every style; count what was checked."""
+    counts = dict.fromkeys(["records", "copies", *KINDS], 0)
+    for style in STYLES:
+        values: dict[str, list[str]] = {}  # name -> every value it was given, in order
+        order: list[tuple[int, str]] = []  # (where, name) of every record
+        events = []
+        for kind in ("record", "copy", "single", "many_keys", "many_values", "holders"):
+            events += [(m.start(), kind, m) for m in _pattern(getattr(style, kind)).finditer(text)]
+        for at, kind, m in sorted(events, key=lambda e: e[0]):
+            g = m.groupdict()
+            key = g.get("key") and g["key"].replace("_", "-")
+            if kind == "record":
+                values.setdefault(key, []).append(g["value"])
+                order.append((at, key))
+                counts["records"] += 1
+            elif kind == "copy":
+                source = g["source"].replace("_", "-")
+                assert len(values[source]) == 1 and key not in values  # a copy of a key recorded once, earlier
+                values[key] = list(values[source])
+                order.append((at, key))
+                counts["copies"] += 1
+            elif kind == "single":
+                assert values[key] == [g["value"]]
+                counts["single"] += 1
+            elif kind == "many_keys":
+                keys, answers = _items(g["keys"]), _items(g["values"])
+                assert 2 <= len(keys) == len(answers) <= 4
+                assert [values[k] for k in keys] == [[a] for a in answers]
+                counts["many_keys"] += 1
+            elif kind == "many_values":
+                assert values[key] == _items(g["values"]) and len(values[key]) >= 2
+                counts["many_values"] += 1
+            else:
+                holders = [k for _, k in order if values[k] == [g["value"]]]
+                assert _items(g["keys"]) == holders and len(holders) >= 2
+                counts["chain"] += 1
+    return counts
+
+
+@pytest.mark.parametrize("kinds", [KINDS, ("single",)])
+def test_recall_row_answers_are_recoverable_and_format_is_not_the_needle(tokenizer, kinds):
+    """An oracle answers every question from the records above it (1.0); the answers are what trains; no template of
+    the needle eval or of RULER appears; keys are unique in a row; every kind of question is asked."""
     newline = newline_token_ids(tokenizer)
     assert len(newline) > 0
-    for seed in range(6):
+    total = dict.fromkeys(["records", "copies", *KINDS], 0)
+    for seed in range(12):
         rng = random.Random(seed)
         row = _row(tokenizer, 2049)
-        out, trained = recall_row(rng, row, tokenizer, newline, RecallMix(1.0))
+        out, trained = recall_row(rng, row, tokenizer, newline, RecallMix(1.0, kinds=kinds))
         assert out.shape == row.shape and trained.shape == row.shape
-        assert 0 < trained.sum() < 200
+        assert 0 < trained.sum() < 300
         text = tokenizer.decode(out)
-        assert "special magic" not in text and NEEDLE.split("{")[0] not in text and QUESTION.split("{")[0] not in text
-        # every question's answer is the value its key was recorded with, earlier in the row (an oracle scores 1.0)
-        records, questions = 0, 0
-        for record_t, question_t in STYLES:
-            pat_r = re.escape(record_t).replace(r"\{key\}", "(?P<key>[a-z]+-[a-z]+)")
-            pat_r = pat_r.replace(r"\{ident\}", "(?P<key>[a-z]+_[a-z]+)").replace(r"\{value\}", "(?P<value>[0-9A-Z]+)")
-            pat_q = re.escape(question_t).replace(r"\{key\}", "(?P<key>[a-z]+-[a-z]+)")
-            pat_q = pat_q.replace(r"\{ident\}", "(?P<key>[a-z]+_[a-z]+)").replace(r"\{value\}", "(?P<value>[0-9A-Z]+)")
-            pat_r, pat_q = pat_r.replace(r"\{\{", r"\{").replace(r"\}\}", r"\}"), pat_q.replace(r"\{\{", r"\{")
-            pat_q = pat_q.replace(r"\}\}", r"\}")
-            seen = {}
-            for m in re.finditer(pat_r, text):
-                assert m.group("key") not in seen  # keys are unique
-                seen[m.group("key")] = (m.group("value"), m.start())
-                records += 1
-            for m in re.finditer(pat_q, text):
-                value, at = seen[m.group("key")]
-                assert value == m.group("value") and at < m.start()
-                questions += 1
-        assert records >= 2 and questions >= 1
+        for foreign in ("special magic", NEEDLE.split("{")[0], QUESTION.split("{")[0], "Question:", "Answer:", "VAR "):
+            assert foreign not in text
+        counts = _oracle(text)
+        assert counts["records"] >= 2 and sum(counts[q] for q in KINDS) >= 1
+        total = {k: total[k] + v for k, v in counts.items()}
         # the trained tokens are the answers, in the question block(s)
         answers = tokenizer.decode(out[trained])
-        assert answers and all(c.isalnum() for c in answers.replace('"', ""))
+        assert answers and all(c.isalnum() or c in ' ,-_"' for c in answers)
+    asked = {q for q in KINDS if total[q]}
+    assert asked == set(kinds), total
+    assert (total["copies"] > 0) == ("chain" in kinds)
+
+
+def test_recall_kinds_refused_with_the_choices():
+    with pytest.raises(ValueError, match="kinds must include 'single'"):
+        RecallMix(0.5, kinds=("chain",))
+    with pytest.raises(ValueError, match="single, many_keys, many_values, chain"):
+        RecallMix(0.5, kinds=("single", "riddles"))
 
 
 def test_recall_segment_too_short_names_the_fix(tokenizer):

@@ -18,7 +18,9 @@
 #      LR2 after WARMUP2 steps, RoPE base THETA2, at most TRAIN2_S seconds), evaluated as "extended_<TARGET2>"
 #      (+ the needle from TARGET to TARGET2);
 #   4. after, each model in the background beside the next training: the same evaluations of the extended models
-#      and the control, + the needle with 3 distractors, + fixed prompts (extended); RULER's tasks (eval_ruler.py,
+#      and the control, + the needle with 3 distractors, + fixed prompts (extended); LONG (e.g. 131072): the
+#      extended model's needle beyond TARGET, untrained, as is and with inference-time RoPE scaling (LONG_SCALINGS,
+#      default "none yarn:LONG/TARGET:TARGET", YaRN over the trained length); RULER's tasks (eval_ruler.py,
 #      RULER=1 the default) of the base before and of each extended model after, at RULER_LENGTHS, RULER_SAMPLES
 #      prompts per task and length, the base's score at 8K the effective-length threshold of every model;
 #   5. summary.json, summary.md and extension_smollm2.png (python -m easy_context.eval.compare) into RESULTS.
@@ -38,6 +40,7 @@ BASE_LENGTH=${BASE_LENGTH:-8192}
 THETA=${THETA:-10000000}
 FACTOR=${FACTOR:-$((TARGET / BASE_LENGTH))}
 RECALL=${RECALL:-0.5}
+RECALL_KINDS=${RECALL_KINDS:-single,many_keys,many_values,chain} # what the recall questions ask (docs/data.md)
 CORPUS_CHARS=${CORPUS_CHARS:-1.6e8}
 NUM_PROC=${NUM_PROC:-12}
 TRAIN_CHUNK_S=${TRAIN_CHUNK_S:-540}
@@ -55,6 +58,8 @@ LR2=${LR2:-3e-5}
 WARMUP2=${WARMUP2:-5}
 THETA2=${THETA2:-}                 # the second stage's RoPE base (default: THETA)
 TRAIN2_S=${TRAIN2_S:-300}
+LONG=${LONG:-}                    # e.g. 131072: the extended model's needle beyond TARGET up to LONG, untrained,
+LONG_SCALINGS=${LONG_SCALINGS:-}  # as is and with each inference-time RoPE scaling (default: none yarn:LONG/TARGET)
 RULER=${RULER:-1}
 RULER_SAMPLES=${RULER_SAMPLES:-5}
 RULER_MAX_NEW=${RULER_MAX_NEW:-64} # cap on every task's generation budget (RULER's: 30-128 tokens)
@@ -69,6 +74,7 @@ if [ "${MICRO:-}" = 1 ]; then     # CPU: a tiny random model stands in; every st
     SAMPLES=1 SHORT=256 STEPS=${STEPS:-4} THETA=100000 BASELINES=${BASELINES_MICRO:-"base yarn"} PPL_SAMPLES=4
     RULER_SAMPLES=1 RULER_MAX_NEW=4 STEPS2=2 RULER_LENGTHS=${RULER_LENGTHS:-512,1024} RULER_NATIVE=512
     [ -n "$TARGET2" ] && TARGET2=2048
+    [ -n "$LONG" ] && LONG=2048
     TRAIN_ARGS=(--save-every 2)
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 TQDM_MININTERVAL=20
@@ -174,6 +180,7 @@ pack() { # SEQ OUT: the corpus packed into rows of SEQ+1 tokens, RECALL of them 
         --max-chars "$CORPUS_CHARS"
     run_stage "data_$1" "$PY" -m easy_context.data --dataset "$WORK/code.jsonl" --tokenizer "$MODEL" \
         --seq-length "$1" --output "$2" --recall-fraction "$RECALL" --recall-records 32 --recall-questions 16 \
+        --recall-kinds "$RECALL_KINDS" \
         --num-proc "$NUM_PROC" --max-memory-gb 48 --no-progress
 }
 
@@ -207,12 +214,24 @@ pack "$TARGET" "$WORK/data_$TARGET"
 PACK2= PACKC= EVALS=()
 [ -n "$TARGET2" ] && { pack "$TARGET2" "$WORK/data_$TARGET2" & PACK2=$!; }
 [ "${CONTROL:-1}" = 1 ] && { pack "$BASE_LENGTH" "$WORK/data_$BASE_LENGTH" & PACKC=$!; }
+long_needle() { # NAME MODEL: the needle from TARGET + TARGET/4 to LONG, as is and with each of LONG_SCALINGS
+    local scaling out
+    for scaling in ${LONG_SCALINGS:-none yarn:$((LONG / TARGET)):$TARGET}; do
+        out=$WORK/eval/$1/long_${scaling//:/_}
+        [ -f "$out/results.csv" ] && continue
+        # shellcheck disable=SC2046
+        run_stage "needle_long_$1_${scaling//:/_}" "$PY" eval_needle.py --model "$2" --depth_interval 0.25 \
+            $([ "$scaling" != none ] && echo --rope_scaling "$scaling") --min_context_length $((TARGET + TARGET / 4)) \
+            --max_context_length "$LONG" --context_interval $((TARGET / 4)) --num_samples "$SAMPLES" --output-dir "$out"
+    done
+}
 trained() { [ -f "$WORK/$1/train_done" ] || { [ "${EVAL_PARTIAL:-}" = 1 ] && [ -f "$WORK/$1/config.json" ]; }; }
 after_base_ruler() { while kill -0 "$RULER_BASE" 2>/dev/null; do sleep 5; done; }
 train_run extended "$WORK/data_$TARGET" "$TARGET" 1
 if trained extended; then
     (evaluate extended "$WORK/extended"; after_base_ruler; ruler extended "$WORK/extended" "$TARGET") &
     EVALS+=($!)
+    [ -n "$LONG" ] && { long_needle extended "$WORK/extended" & EVALS+=($!); }
 fi
 if [ "${CONTROL:-1}" = 1 ]; then
     [ -n "$PACKC" ] && wait $PACKC

@@ -20,6 +20,7 @@ from .. import cli
 from .needles import LOSSES, NeedleMix
 from .packing import PACK_MODES
 from .prepare import DEFAULT_MAX_MEMORY_GB, pack_stats, prepare_dataset
+from .recall import KINDS as RECALL_KINDS
 from .recall import RecallMix
 from .sources import load_documents
 from .tokenizer import load_tokenizer, train_byte_level_bpe
@@ -70,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recall-questions", type=int, default=8, metavar="Q", help="at most Q questions per segment")
     p.add_argument("--recall-loss", default="answer", choices=list(LOSSES),
                    help="what a recall row trains on: its answers only (the rest is context), or all")  # fmt: skip
+    p.add_argument("--recall-kinds", default=",".join(RECALL_KINDS), metavar="K,K",
+                   help=f"what recall questions ask, comma-separated ('single' and any of the others): "
+                        f"{', '.join(RECALL_KINDS)} (docs/data.md)")  # fmt: skip
     p.add_argument("--pack", default="concat", choices=list(PACK_MODES),
                    help="; ".join(f"{k}: {v}" for k, v in PACK_MODES.items()))  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
@@ -88,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--digit-groups applies to --train-tokenizer (an existing tokenizer keeps its own number splits)")
     try:
         args.needles = NeedleMix(args.needle_fraction, args.needle_digits, args.needles_per_doc, args.needle_loss)
-        args.recall = RecallMix(args.recall_fraction, args.recall_records, args.recall_questions, args.recall_loss)
+        args.recall = RecallMix(args.recall_fraction, args.recall_records, args.recall_questions, args.recall_loss,
+                                tuple(k for k in args.recall_kinds.split(",") if k))  # fmt: skip
     except ValueError as exc:
         p.error(str(exc))
     return args
