@@ -180,21 +180,25 @@ def test_code_corpus(tmp_path):
     assert [json.loads(line)["text"] for line in out.read_text().splitlines()]
 
 
-def _write_eval(folder, accuracy: dict[int, float], ppl: dict[int, float]) -> None:
-    (folder / "needle").mkdir(parents=True)
+def _write_eval(folder, accuracy: dict[int, float], ppl: dict[int, float], needle: str = "needle") -> None:
+    (folder / needle).mkdir(parents=True)
     lines = ["length,depth,sample,correct"]
     for length, acc in accuracy.items():
         for depth in (0, 50, 100):
             for sample in range(2):
                 lines.append(f"{length},{depth},{sample},{int(sample < 2 * acc)}")
-    (folder / "needle" / "results.csv").write_text("\n".join(lines) + "\n")
-    rows = ["model,tokens,ppl"] + [f"m,{n},{p}" for n, p in ppl.items()]
-    (folder / "ppl.csv").write_text("\n".join(rows) + "\n")
+    (folder / needle / "results.csv").write_text("\n".join(lines) + "\n")
+    if ppl:
+        rows = ["model,tokens,ppl"] + [f"m,{n},{p}" for n, p in ppl.items()]
+        (folder / "ppl.csv").write_text("\n".join(rows) + "\n")
 
 
 def test_compare_summary(tmp_path):
     _write_eval(tmp_path / "base", {8192: 1.0, 16384: 0.0}, {2048: 20.0, 16384: 300.0})
     _write_eval(tmp_path / "extended", {8192: 1.0, 16384: 0.5}, {2048: 21.0, 16384: 22.0})
+    # the needle beyond the trained length, as is and with YaRN at inference (extend_smollm2.sh's LONG)
+    _write_eval(tmp_path / "extended", {24576: 0.5, 32768: 0.0}, {}, needle="long_none")
+    _write_eval(tmp_path / "extended", {24576: 1.0, 32768: 0.5}, {}, needle="long_yarn_2_16384")
     out = tmp_path / "out"
     assert compare.main(["--model", f"base={tmp_path / 'base'}", "--model", f"extended={tmp_path / 'extended'}",
                          "--base-length", "8192", "--target-length", "16384", "--output", str(out)]) == 0  # fmt: skip
@@ -203,6 +207,11 @@ def test_compare_summary(tmp_path):
     assert base["within"] == 1.0 and base["beyond"] == 0.0 and ext["beyond"] == 0.5
     assert summary["models"]["extended"]["ppl"]["16384"] == 22.0
     assert "| extended |" in (out / "summary.md").read_text()
+    long = summary["models"]["extended"]["needle_long"]
+    assert long["as trained"]["by_length"] == {"24576": 0.5, "32768": 0.0}
+    assert long["yarn:2:16384"]["by_length"] == {"24576": 1.0, "32768": 0.5} and long["yarn:2:16384"]["prompts"] == 12
+    assert summary["models"]["base"]["needle_long"] is None
+    assert "| extended | yarn:2:16384 | 1.00 / 0.50 | 0.75 | 0.50 at 32K/0% |" in (out / "summary.md").read_text()
     assert (out / "comparison.png").stat().st_size > 10_000
     # the second heatmap names its model: --after picks it (here the first, base), an unknown name is refused
     args = ["--model", f"base={tmp_path / 'base'}", "--model", f"extended={tmp_path / 'extended'}",

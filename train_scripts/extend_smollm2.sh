@@ -18,7 +18,7 @@
 #      LR2 after WARMUP2 steps, RoPE base THETA2, at most TRAIN2_S seconds), evaluated as "extended_<TARGET2>"
 #      (+ the needle from TARGET to TARGET2);
 #   4. after, each model in the background beside the next training: the same evaluations of the extended models
-#      and the control, + the needle with 3 distractors, + fixed prompts (extended); LONG (e.g. 131072): the
+#      and the control, + the needle with 3 distractors, + fixed prompts (extended); LONG (default 2 x TARGET): the
 #      extended model's needle beyond TARGET, untrained, as is and with inference-time RoPE scaling (LONG_SCALINGS,
 #      default "none yarn:LONG/TARGET:TARGET", YaRN over the trained length); RULER's tasks (eval_ruler.py,
 #      RULER=1 the default) of the base before and of each extended model after, at RULER_LENGTHS, RULER_SAMPLES
@@ -58,7 +58,7 @@ LR2=${LR2:-3e-5}
 WARMUP2=${WARMUP2:-5}
 THETA2=${THETA2:-}                 # the second stage's RoPE base (default: THETA)
 TRAIN2_S=${TRAIN2_S:-300}
-LONG=${LONG:-}                    # e.g. 131072: the extended model's needle beyond TARGET up to LONG, untrained,
+LONG=${LONG-$((TARGET * 2))}       # the extended model's needle beyond TARGET up to LONG (empty: none), untrained,
 LONG_SCALINGS=${LONG_SCALINGS:-}  # as is and with each inference-time RoPE scaling (default: none yarn:LONG/TARGET)
 RULER=${RULER:-1}
 RULER_SAMPLES=${RULER_SAMPLES:-5}

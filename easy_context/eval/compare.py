@@ -6,7 +6,9 @@
 
 Each ``--model NAME=DIR`` folder may hold ``needle/results.csv`` (eval_needle.py), ``needle3/results.csv`` (the same
 with distractors), ``ppl.csv`` (eval_ppl.py by length), ``ppl_short.csv`` (eval_ppl.py over short windows) and
-``prompts.json`` (:mod:`easy_context.eval.fixed_prompts`); what is missing is reported as null. Writes
+``prompts.json`` (:mod:`easy_context.eval.fixed_prompts`) and ``long_<SCALING>/results.csv`` (the needle beyond the
+trained length, untrained there: ``long_none`` as is, ``long_yarn_2_65536`` with ``--rope_scaling yarn:2:65536``);
+what is missing is reported as null. Writes
 ``summary.json`` (per model: needle accuracy per length, within / beyond the base length, per depth beyond it, the
 worst cell; perplexities; prompts), ``summary.md`` (the tables) and ``comparison.png`` (needle heatmaps of the first
 and last model, needle accuracy vs length of every model, perplexity vs length, the training loss).
@@ -64,14 +66,26 @@ def model_summary(folder: str, base_length: int) -> tuple[dict, list[dict]]:
     ppl = _read(os.path.join(folder, "ppl.csv"), ("tokens", "ppl"))
     short = _read(os.path.join(folder, "ppl_short.csv"), ("tokens", "ppl", "scored_tokens"))
     prompts = os.path.join(folder, "prompts.json")
+    long = {}
+    for entry in sorted(os.listdir(folder)):
+        rows = _read(os.path.join(folder, entry, "results.csv"), ("length", "depth", "correct"))
+        if entry.startswith("long_") and rows:
+            long[scaling_label(entry)] = needle_summary(rows, base_length)
     out = {
         "needle": needle_summary(needle, base_length) if needle else None,
         "needle_3_distractors": needle_summary(needle3, base_length) if needle3 else None,
         "ppl": {int(r["tokens"]): round(float(r["ppl"]), 3) for r in ppl} if ppl else None,
         "ppl_short": {int(r["tokens"]): round(float(r["ppl"]), 3) for r in short} if short else None,
         "prompts": json.load(open(prompts, encoding="utf-8")) if os.path.isfile(prompts) else None,
+        "needle_long": long or None,
     }
     return out, needle
+
+
+def scaling_label(folder: str) -> str:
+    """``long_none`` -> "as trained"; ``long_yarn_2_65536`` -> "yarn:2:65536" (the eval's --rope_scaling)."""
+    scaling = folder.removeprefix("long_").replace("_", ":")
+    return "as trained" if scaling == "none" else scaling
 
 
 def _k(tokens: int) -> str:
@@ -107,6 +121,17 @@ def markdown(summary: dict, base_length: int) -> str:
             mean = statistics.fmean(v for v in nd["by_length"].values() if v is not None)
             lines.append(f"| {name} | " + " / ".join(_fmt(nd["by_length"].get(n)) for n in lengths)
                          + f" | {mean:.2f} |")  # fmt: skip
+    beyond = [(name, label, nd) for name, m in models.items() for label, nd in (m.get("needle_long") or {}).items()]
+    if beyond:
+        far = sorted({n for _, _, nd in beyond for n in nd["by_length"]})
+        lines += ["", "Needle beyond the trained length (no training there; RoPE scaling at inference only):", "",
+                  "| model | RoPE at inference | " + " / ".join(map(_k, far)) + " | mean | worst cell |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name, label, nd in beyond:
+            w = nd["worst_cell"]
+            mean = statistics.fmean(v for v in nd["by_length"].values() if v is not None)
+            lines.append(f"| {name} | {label} | " + " / ".join(_fmt(nd["by_length"].get(n)) for n in far)
+                         + f" | {mean:.2f} | {w['accuracy']:.2f} at {_k(w['length'])}/{w['depth']:g}% |")  # fmt: skip
     prompts = {k: m["prompts"] for k, m in models.items() if m["prompts"]}
     if prompts:
         lines += ["", "Fixed prompts (greedy):", "", "| prompt | " + " | ".join(prompts) + " |",
@@ -144,7 +169,11 @@ def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, f
     ax = axes[0][2]
     for name in with_rows:
         by = models[name]["needle"]["by_length"]
-        ax.plot(list(by), list(by.values()), marker="o", label=name)
+        line = ax.plot(list(by), list(by.values()), marker="o", label=name)[0]
+        for label, nd in (models[name].get("needle_long") or {}).items():  # beyond the trained length: dashed
+            far = {**by, **nd["by_length"]}
+            ax.plot(list(far), list(far.values()), marker=".", linestyle="--" if label == "as trained" else ":",
+                    color=line.get_color(), label=f"{name}, beyond: {label}")  # fmt: skip
     ax.axvline(base_length, color="black", linestyle="--", linewidth=1)
     ax.set(xlabel="Context length (tokens)", ylabel="needle accuracy", ylim=(-0.03, 1.03),
            title="Needle accuracy vs length (all depths)")  # fmt: skip
