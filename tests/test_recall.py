@@ -199,6 +199,8 @@ def test_compare_summary(tmp_path):
     # the needle beyond the trained length, as is and with YaRN at inference (extend_smollm2.sh's LONG)
     _write_eval(tmp_path / "extended", {24576: 0.5, 32768: 0.0}, {}, needle="long_none")
     _write_eval(tmp_path / "extended", {24576: 1.0, 32768: 0.5}, {}, needle="long_yarn_2_16384")
+    (tmp_path / "extended" / "ruler").mkdir()  # another evaluation's results.csv is not a needle's
+    (tmp_path / "extended" / "ruler" / "results.csv").write_text("task,length,score\nvt,8192,0.5\n")
     out = tmp_path / "out"
     assert compare.main(["--model", f"base={tmp_path / 'base'}", "--model", f"extended={tmp_path / 'extended'}",
                          "--base-length", "8192", "--target-length", "16384", "--output", str(out)]) == 0  # fmt: skip

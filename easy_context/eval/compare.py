@@ -67,9 +67,9 @@ def model_summary(folder: str, base_length: int) -> tuple[dict, list[dict]]:
     short = _read(os.path.join(folder, "ppl_short.csv"), ("tokens", "ppl", "scored_tokens"))
     prompts = os.path.join(folder, "prompts.json")
     long = {}
-    for entry in sorted(os.listdir(folder)):
+    for entry in sorted(e for e in os.listdir(folder) if e.startswith("long_")):
         rows = _read(os.path.join(folder, entry, "results.csv"), ("length", "depth", "correct"))
-        if entry.startswith("long_") and rows:
+        if rows:
             long[scaling_label(entry)] = needle_summary(rows, base_length)
     out = {
         "needle": needle_summary(needle, base_length) if needle else None,
