@@ -274,3 +274,36 @@ def test_csv_is_one_line_per_row_and_log_ticks_are_plain_numbers(tmp_path):
     labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
     plt.close(fig)
     assert labels and all(label.replace(".", "").isdigit() for label in labels), labels
+
+
+def test_position_warning_counts_rope_scaling():
+    """The positions a model covers include its RoPE scaling: YaRN x2 over 64K covers 128K (no warning there),
+    dynamic NTK any length; past the limit the warning names the scaling and the flags that move it."""
+    from transformers import Gemma2Config, LlamaConfig
+
+    from easy_context.eval.runtime import position_limit, position_warning
+    from easy_context.models import set_rope_scaling
+
+    plain = LlamaConfig(max_position_embeddings=65536, rope_theta=1e7)
+    assert position_limit(plain) == (65536, "max_position_embeddings=65536")
+    assert position_warning(plain, 65536, "m") is None
+    message = position_warning(plain, 81920, "m")
+    assert "81920 tokens exceed the 65536 positions of m" in message and "--rope_scaling" in message
+    yarn = LlamaConfig(max_position_embeddings=65536, rope_theta=1e7)
+    set_rope_scaling(yarn, {"rope_type": "yarn", "factor": 2.0})
+    assert position_limit(yarn)[0] == 131072 and position_warning(yarn, 131072, "m") is None
+    assert "yarn factor 2 x 65536" in position_warning(yarn, 131073, "m")
+    linear = LlamaConfig(max_position_embeddings=4096)
+    set_rope_scaling(linear, {"rope_type": "linear", "factor": 4})
+    assert position_limit(linear)[0] == 16384
+    dynamic = LlamaConfig(max_position_embeddings=8192)
+    set_rope_scaling(dynamic, {"rope_type": "dynamic", "factor": 8, "original_max_position_embeddings": 8192})
+    assert position_limit(dynamic)[0] is None and position_warning(dynamic, 10**6, "m") is None
+    # Llama 3.1: llama3 factor 8 over 8192 = 65536 < its max_position_embeddings 131072: the larger one holds
+    llama31 = LlamaConfig(max_position_embeddings=131072, rope_theta=5e5, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0})  # fmt: skip
+    assert position_limit(llama31)[0] == 131072
+    gemma = Gemma2Config(max_position_embeddings=8192)  # RoPE parameters per layer type
+    set_rope_scaling(gemma, {"rope_type": "yarn", "factor": 4.0})
+    assert position_limit(gemma)[0] == 32768
