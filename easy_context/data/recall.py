@@ -155,6 +155,7 @@ def random_value(rng: random.Random) -> str:
 
 
 def _fresh(rng: random.Random, draw, taken: set[str]) -> str:
+    """``draw(rng)`` until it gives an item not in ``taken``; the item joins ``taken``."""
     while (item := draw(rng)) in taken:
         pass
     taken.add(item)
@@ -162,6 +163,7 @@ def _fresh(rng: random.Random, draw, taken: set[str]) -> str:
 
 
 def _ident(key: str) -> str:
+    """A key as an identifier: ``"zantor-delta"`` -> ``"zantor_delta"``."""
     return key.replace("-", "_")
 
 
@@ -215,8 +217,7 @@ def _answer_line(template: str, field_name: str, items: list[str], quote: str, *
 def _questions(rng: random.Random, style: Style, groups: list[_Group], mix: RecallMix
                ) -> list[tuple[str, tuple[int, int]]]:  # fmt: skip
     """The question lines (without line breaks around them) and each one's answer span."""
-    askable = [g for g in groups if g.kind != "chain" or "chain" in mix.kinds]
-    chosen = rng.sample(askable, rng.randint(1, min(len(askable), mix.max_questions)))
+    chosen = rng.sample(groups, rng.randint(1, min(len(groups), mix.max_questions)))
     lines, i = [], 0
     while i < len(chosen):
         g = chosen[i]
