@@ -227,7 +227,8 @@ def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script)
 
 def test_extend_smollm2_recipe_parses():
     """The SmolLM2 extension's YAML (train_scripts/extend_smollm2.yaml) parses with train.py's flags as the script
-    passes them, and holds the recipe docs/extension_smollm2.md reports (64K, RoPE base 1e7, lr 1e-4 cosine, 350 steps)."""
+    passes them, and holds the recipe docs/extension_smollm2.md reports (64K, RoPE base 1e7, lr 1e-4 cosine,
+    350 steps)."""
     args = parse_args(["--config", str(ROOT / "train_scripts" / "extend_smollm2.yaml"), "--model", "m", "--dataset",
                        "d", "--output-dir", "o", "--kernel", "fa4", "--time-limit", "540", "--compile"])  # fmt: skip
     assert (args.seq_length, args.rope_theta, args.learning_rate, args.lr_schedule) == (65536, 1e7, 1e-4, "cosine")
