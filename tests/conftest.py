@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
+from tests import zygote  # noqa: E402
 from tests.dist_pool import DistPool  # noqa: E402
 
 # No test may hold the suite: past this many seconds a test fails with every thread's stack (SIGALRM), and a
@@ -49,3 +50,7 @@ def dist_pool():
     yield get_pool
     for pool in _POOLS.values():
         pool.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    zygote.stop()

@@ -10,11 +10,14 @@ orphan slowing the tests after it.
 from __future__ import annotations
 
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 import psutil
+
+from tests import zygote
 
 
 def _note_descendants(pid: int, seen: dict[int, psutil.Process]) -> None:
@@ -35,10 +38,15 @@ def _kill_all(procs: list[psutil.Process]) -> None:
 
 
 def run_job(cmd: Sequence[str], *, timeout: float, cwd=None, env: Mapping[str, str] | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+            check: bool = False, fork: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)`` for a job that starts processes
     of its own: on timeout every process of the job is killed and ``subprocess.TimeoutExpired`` (with the output
-    so far) is raised; ``check``: raise ``CalledProcessError`` on a non-zero exit."""
+    so far) is raised; ``check``: raise ``CalledProcessError`` on a non-zero exit. ``fork``: a command that starts
+    with ``sys.executable`` runs forked from the session's warm interpreter (tests/zygote.py), and so do the Python
+    processes it starts; False for a test about the process tree itself."""
+    cmd = list(cmd)
+    if fork and cmd and cmd[0] == sys.executable:
+        cmd[0] = zygote.python()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, cwd=cwd, env=None if env is None else dict(env),
                                 text=True, start_new_session=True)  # fmt: skip
