@@ -47,7 +47,8 @@ PRELOAD = (
 )
 # Environment variables whose value is read while the preloaded modules import: a child whose value differs from
 # the zygote's runs in a fresh interpreter. Prefixes; the exceptions below are read when used (after the fork).
-IMPORT_TIME_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "LD_", "MKL", "KMP", "GOMP", "EC_", "DS_", "DEEPSPEED", "TOKENIZERS", "CUDA", "XDG_", "HOME", "TMPDIR")  # fmt: skip
+IMPORT_TIME_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "LD_", "MKL", "KMP", "GOMP", "EC_",
+                   "DS_", "DEEPSPEED", "TOKENIZERS", "CUDA", "XDG_", "HOME", "TMPDIR")  # fmt: skip
 READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TORCHELASTIC_", "TORCH_NCCL_",
                   "ACCELERATE_", "EC_TEST_", "EC_EXTRAS")  # fmt: skip
 CUSTOMIZE = ("sitecustomize", "usercustomize")
