@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from easy_context import cli
+from tests import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the top-level scripts (train.py, eval_*.py, plot.py)
@@ -148,7 +149,7 @@ def helps():
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     procs = {
         cmd: subprocess.Popen(
-            [sys.executable, *cmd.split(), "--help"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [zygote.python(), *cmd.split(), "--help"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         for cmd in HELP
     }
@@ -174,7 +175,7 @@ def test_missing_model_folder_is_one_line(script):
     """A local model path that does not exist is named as such before anything loads (it used to read as a
     tokenizer problem, or as "Repo id must be in the form")."""
     extra = ["--dataset", "d", "--output-dir", "o", "--tokenizer", "t"] if script == "train.py" else []
-    res = subprocess.run([sys.executable, script, "--model", "./no/such/model", *extra], cwd=ROOT,
+    res = subprocess.run([zygote.python(), script, "--model", "./no/such/model", *extra], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 2 and "--model ./no/such/model: no such folder" in res.stderr, res.stderr[-1000:]
 
@@ -203,7 +204,7 @@ def test_launched_flag_error_is_printed_once(script):
     """Under a launcher every rank fails on the same bad flag: rank 0 prints one line (no usage block to bury it
     under the launcher's report), the other ranks nothing; both exit 2."""
     env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    outs = [subprocess.run([sys.executable, script, "--no-such-flag"], cwd=ROOT, capture_output=True, text=True,
+    outs = [subprocess.run([zygote.python(), script, "--no-such-flag"], cwd=ROOT, capture_output=True, text=True,
                            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, timeout=120) for r in (0, 1)]  # fmt: skip
     assert [o.returncode for o in outs] == [2, 2]
     lines = outs[0].stderr.strip().splitlines()

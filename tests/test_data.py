@@ -9,7 +9,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
@@ -29,6 +28,7 @@ from easy_context.data import (  # noqa: E402
     train_byte_level_bpe,
 )
 from easy_context.data.packing import pack_to_array  # noqa: E402
+from tests import zygote  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOS = 0
@@ -339,7 +339,7 @@ def test_needle_rows_are_answerable_documents(tokenizer):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "easy_context.data", *args]
+    cmd = [zygote.python(), "-m", "easy_context.data", *args]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
@@ -370,7 +370,9 @@ def test_cli_errors(tmp_path):
 def test_fetch_is_a_no_op_when_essays_exist(tmp_path):
     (tmp_path / "essay.txt").write_text("already here", encoding="utf-8")
     script = os.path.join(REPO, "PaulGrahamEssays", "fetch.py")
-    proc = subprocess.run([sys.executable, script, "--dest", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [zygote.python(), script, "--dest", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" in proc.stdout
     assert sorted(os.listdir(tmp_path)) == ["essay.txt"]

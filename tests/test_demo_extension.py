@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from tests import zygote
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def test_shipped_base_model_is_complete():
 def test_demo_extension_grows_the_usable_context(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "OUT": str(out), "TARGET": "1024", "EXT_STEPS": "40", "SAMPLES": "1", "SEED": "0",
-           "PY": os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python"))}  # fmt: skip
+           "PY": os.environ.get("PYTHON", zygote.python())}  # fmt: skip  # the shim: each step forks, no import
     res = run_job(["bash", "train_scripts/demo_cpu.sh"], cwd=ROOT, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

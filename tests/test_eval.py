@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     (root / "haystack").mkdir()  # short on purpose: the needle eval must repeat it
     (root / "haystack" / "essay.txt").write_text(synthetic_text(7, 5))
     prepared = root / "prepared"
-    subprocess.run([sys.executable, "-m", "easy_context.data", "--dataset", str(root / "train"), "--output",
+    subprocess.run([zygote.python(), "-m", "easy_context.data", "--dataset", str(root / "train"), "--output",
                     str(prepared), "--seq-length", "256", "--train-tokenizer", "300"],
                    check=True, capture_output=True, cwd=ROOT)  # fmt: skip
     from transformers import AutoTokenizer

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from tests.gguf_writer import tiny_llama, train_tokenizer, write_tiny_llama_gguf
 from tests.jobs import run_job
 
@@ -135,7 +136,7 @@ def test_gguf_trains_under_sp_saves_a_plain_folder_and_evaluates(tmp_path):
         )
         (tmp_path / "docs" / f"doc{i}.txt").write_text(text)
     data = tmp_path / "prepared"
-    subprocess.run([sys.executable, "-m", "easy_context.data", "--dataset", str(tmp_path / "docs"), "--output",
+    subprocess.run([zygote.python(), "-m", "easy_context.data", "--dataset", str(tmp_path / "docs"), "--output",
                     str(data), "--seq-length", "256", "--train-tokenizer", "300"],
                    check=True, capture_output=True, cwd=ROOT)  # fmt: skip
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -159,7 +160,7 @@ def test_gguf_trains_under_sp_saves_a_plain_folder_and_evaluates(tmp_path):
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
     check = "import sys; sys.modules['gguf'] = None; from transformers import AutoModelForCausalLM as M; "
     check += f"m = M.from_pretrained({str(out)!r}); assert getattr(m, 'hf_quantizer', None) is None; print('ok')"
-    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip() == "ok"
+    assert subprocess.run([zygote.python(), "-c", check], capture_output=True, text=True).stdout.strip() == "ok"
     assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == len(tokenizer)
     csv_path = tmp_path / "ppl.csv"
     cmd = [sys.executable, "eval_ppl.py", "-m", str(out), "-m", f32, "-m", str(tmp_path / "hf"), "--dataset",

@@ -24,6 +24,7 @@ from easy_context.loss import (
     linear_cross_entropy,
     resolve_loss_impl,
 )
+from tests import zygote
 from tests.reference import rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +202,7 @@ def test_train_exits_with_one_line_for_liger_on_cpu(fake_liger, capsys):
 
 def test_train_records_the_resolved_loss(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "train.py", "--model", "tiny-llama", "--dataset", "random:4", "--vocab-size", "128",
+    cmd = [zygote.python(), "train.py", "--model", "tiny-llama", "--dataset", "random:4", "--vocab-size", "128",
            "--seq-length", "32", "--batch-size", "1", "--max-train-steps", "1", "--dtype", "float32",
            "--checkpointing", "none", "--output-dir", str(out), "--no-save"]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from transformers import LlamaConfig
 
 from easy_context.models import is_config_only, is_random_init, load_model
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -48,13 +48,13 @@ def test_config_only_folder_builds_random_weights(config_dir, tmp_path):
 def test_train_and_bench_take_a_config_only_folder(config_dir, tmp_path):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "run"
-    train = [sys.executable, "train.py", "--model", config_dir, "--dataset", "random:4", "--output-dir", str(out),
+    train = [zygote.python(), "train.py", "--model", config_dir, "--dataset", "random:4", "--output-dir", str(out),
              "--seq-length", "64", "--parallel_mode", "data_parallel", "--gradient-accumulate-every", "1",
              "--max-train-steps", "2", "--dtype", "float32", "--no-save"]  # fmt: skip
     res = subprocess.run(train, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (out / "metrics.jsonl").read_text().count('"step"') >= 1
-    bench = [sys.executable, "bench/train_step.py", "--model", config_dir, "--seq", "64", "--steps", "1",
+    bench = [zygote.python(), "bench/train_step.py", "--model", config_dir, "--seq", "64", "--steps", "1",
              "--dtype", "float32", "--kernel", "auto", "--out", str(tmp_path / "bench.jsonl")]  # fmt: skip
     res = subprocess.run(bench, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "no such file" not in res.stderr.lower(), res.stderr[-2000:]

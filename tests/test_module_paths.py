@@ -4,7 +4,8 @@ shim); EasyContext's public names stay (tests/test_easycontext_names.py)."""
 from __future__ import annotations
 
 import subprocess
-import sys
+
+from tests import zygote
 
 
 def test_old_internal_paths_are_gone_and_the_new_ones_import():
@@ -18,5 +19,5 @@ def test_old_internal_paths_are_gone_and_the_new_ones_import():
             "    raise SystemExit(f'{old} still imports')\n"
             "import easy_context.core.groups, easy_context.training.process_exit\n"
             "import easy_context.training.recipe\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([zygote.python(), "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -7,8 +7,9 @@ import importlib.metadata
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_peers_agree_on_cpu(tmp_path):
     out = tmp_path / "peers.json"
     impls = ["ours:zigzag_ring_attn:cpu", "ours:ulysses_attn:cpu", "deepspeed_ulysses"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "bench/peers.py",
+    cmd = [zygote.python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "bench/peers.py",
            "--device", "cpu", "--seq", "128", "--heads", "4", "--heads-kv", "2", "--head-dim", "16", "--iters", "1",
            "--json", str(out), "--impls", *impls]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -29,6 +28,7 @@ from easy_context.plan import (
     split_offload_layers,
     validate_probe,
 )
+from tests import zygote
 
 CONFIGS = ["full", "offload", "offload+tiled", "offload+chunked", "offload+tiled+chunked", "full+tiled+chunked",
            "offload-split+tiled+chunked"]  # fmt: skip
@@ -144,7 +144,7 @@ def test_optimizer_placement():
 
 def _run(*args):
     out = subprocess.run(
-        [sys.executable, "-m", "easy_context.plan", *args], capture_output=True, text=True, timeout=120
+        [zygote.python(), "-m", "easy_context.plan", *args], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -16,6 +16,7 @@ import pytest
 from easy_context.sp_config import sp_config_for
 from easy_context.train import TRACKERS, backend_options, build_parser, check_layout, check_tracker, parse_args
 from easy_context.training import recipe
+from tests import zygote
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,7 @@ def test_yaml_recipe_trains_on_two_processes_records_its_run_and_refuses_a_chang
 
     state = out / "state-step2"
     assert json.loads((state / "easy_context_state.json").read_text())["config"] == record  # each state holds it
-    resume = [sys.executable, "-m", "easy_context.train", "--config", config, "--resume-from", str(state)]
+    resume = [zygote.python(), "-m", "easy_context.train", "--config", config, "--resume-from", str(state)]
     res = subprocess.run([*resume, "--seq-length", "128", "--max-train-steps", "3"], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from transformers import LlamaConfig
 
 import easy_context as ec
 from easy_context.sp_config import SPConfig, resolve_sp_config
+from tests import zygote
 from tests.reference import reference_with_grads, rel_err
 
 
@@ -107,7 +107,7 @@ def test_a_launched_process_without_its_process_group_is_refused():
     code = ("import torch.distributed as dist\nfrom easy_context.sp_config import resolve_sp_config\n"
             "try:\n    resolve_sp_config('zigzag_ring_attn')\nexcept RuntimeError as exc:\n    print(exc)\n"
             "print(dist.is_initialized())\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    res = subprocess.run([zygote.python(), "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "WORLD_SIZE": "2"})  # fmt: skip
     assert "launched as one of 2 (WORLD_SIZE) but joined no process group yet" in res.stdout, res.stderr[-2000:]
     assert res.stdout.strip().endswith("False")  # refused before creating one

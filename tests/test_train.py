@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from tests.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def data_dir(tmp_path_factory) -> Path:
         )
         (root / f"doc{i}.txt").write_text(text)
     out = root / "prepared"
-    cmd = [sys.executable, "-m", "easy_context.data", "--dataset", str(root), "--output", str(out),
+    cmd = [zygote.python(), "-m", "easy_context.data", "--dataset", str(root), "--output", str(out),
            "--seq-length", "256", "--train-tokenizer", "300"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     return out

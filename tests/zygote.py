@@ -189,6 +189,13 @@ def _preload() -> None:
             print(f"zygote: preloading {name} failed: {exc!r}", file=sys.stderr)
 
 
+def _log(env0: dict[str, str], line: str) -> None:
+    path = env0.get("EC_ZYGOTE_LOG")  # a file: one line per job, forked or run by a fresh interpreter (and why)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 def _serve(listener: socket.socket, parent: int, env0: dict[str, str]):
     """Accept jobs and fork a child for each; returns (in the child only) the job to run."""
     by_pid: dict[int, socket.socket] = {}
@@ -217,6 +224,11 @@ def _serve(listener: socket.socket, parent: int, env0: dict[str, str]):
                 for entry in env.get("PYTHONPATH", "").split(os.pathsep):  # site would import it before anything
                     if entry and any(os.path.exists(os.path.join(entry, f"{m}.py")) for m in CUSTOMIZE):
                         keys.add(f"PYTHONPATH={entry} (sitecustomize)")
+                _log(
+                    env0,
+                    f"{'exec' if keys else 'fork'} {' '.join(req['argv'])[:200]}"
+                    + (f" ({sorted(keys)})" if keys else ""),
+                )
                 if keys:
                     for fd in fds:
                         os.close(fd)
