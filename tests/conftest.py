@@ -8,6 +8,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # read when datasets imports: the zygote (tests/zygote.py) has it too
 
 from tests import zygote  # noqa: E402
 from tests.dist_pool import DistPool  # noqa: E402

@@ -48,7 +48,7 @@ PRELOAD = (
 # Environment variables whose value is read while the preloaded modules import: a child whose value differs from
 # the zygote's runs in a fresh interpreter. Prefixes; the exceptions below are read when used (after the fork).
 IMPORT_TIME_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "LD_", "MKL", "KMP", "GOMP", "EC_",
-                   "DS_", "DEEPSPEED", "TOKENIZERS", "CUDA", "XDG_", "HOME", "TMPDIR")  # fmt: skip
+                   "DS_", "DEEPSPEED", "CUDA", "XDG_", "HOME", "TMPDIR")  # fmt: skip
 READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TORCHELASTIC_", "TORCH_NCCL_",
                   "ACCELERATE_", "EC_TEST_", "EC_EXTRAS")  # fmt: skip
 CUSTOMIZE = ("sitecustomize", "usercustomize")
@@ -187,6 +187,13 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001  a module that fails here fails in the child as it would anyway
             print(f"zygote: preloading {name} failed: {exc!r}", file=sys.stderr)
+    try:  # DeepSpeed asks py-cpuinfo 4 times per process, a 1 s subprocess each: the machine's answer, asked once
+        import cpuinfo
+
+        info = cpuinfo.get_cpu_info()
+        cpuinfo.get_cpu_info = lambda: dict(info)
+    except Exception as exc:  # noqa: BLE001
+        print(f"zygote: py-cpuinfo: {exc!r}", file=sys.stderr)
 
 
 def _log(env0: dict[str, str], line: str) -> None:
