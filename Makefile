@@ -13,6 +13,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m pip install -q --no-deps --target $(VENV)/extras torchao==0.18.0
+	@# DeepSpeed's CPU ops (ZeRO-Offload's DeepSpeedCPUAdam, the shared-memory collectives) are C++ that DeepSpeed
+	@# JIT-builds on first use (~40-190 s on 2 cores): built here once, into the cache `make test` points the tests at
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(PY) -c "from deepspeed.accelerator import \
+	get_accelerator as a; [a().create_op_builder(n).load() for n in ('CPUAdamBuilder', 'ShareMemCommBuilder')]" >/dev/null
 	touch $@
 
 demo: $(VENV)/.installed
