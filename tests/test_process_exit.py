@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.dist_pool import _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def _run_pair(tmp_path: Path, end: str, code: int = 0, hold: bool = True) -> lis
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
            "PYTHONPATH": str(ROOT), "END": end, "CODE": str(code), "HOLD": str(int(hold)),
            "MARKER": str(tmp_path / "atexit")}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([zygote.python(), "-c", WORKER], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]  # fmt: skip
     outs = [p.communicate(timeout=120) for p in procs]
     return [subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
