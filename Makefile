@@ -25,7 +25,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check easy_context tests bench examples train.py PaulGrahamEssays
-	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions EC_EXTRAS=$(CURDIR)/$(VENV)/extras $(PY) -m pytest tests
+	@# 2 workers, a file's tests on one (its module fixtures built once); tests/SLOW_TESTS.md: the slow ones, and why
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions EC_EXTRAS=$(CURDIR)/$(VENV)/extras $(PY) -m pytest tests \
+		-n 2 --dist loadfile
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check easy_context tests bench examples
