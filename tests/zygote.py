@@ -15,6 +15,9 @@ options other than ``-u``/``-m``/``-c``, or an environment variable that is read
 (``PYTHON*``, ``HF_*``, ``TRANSFORMERS_*``, ``TORCH*`` compile/log settings, ...) that differs from the zygote's,
 or a ``PYTHONPATH`` entry with a ``sitecustomize.py`` (it must run before the program's imports).
 
+What differs from a fresh interpreter and stays: the children share the zygote's str-hash seed (fresh interpreters
+draw one each, unless PYTHONHASHSEED is set), and warnings the preloaded imports gave were given in the zygote.
+
 Not for tests about process trees (a forked child's parent is the zygote, not the launcher: a launcher killed with
 SIGKILL or SIGSTOP does not reach it the way it reaches a real rank; a SIGKILLed shim makes the zygote SIGKILL the
 child), nor for tests that look at what an import pulls in (everything is imported already): those keep
