@@ -99,13 +99,36 @@ def set_rope_theta(config: PretrainedConfig, theta: float) -> None:
         config.rope_theta = float(theta)
 
 
+def _per_layer_type(params) -> bool:
+    """Whether ``config.rope_parameters`` holds one dict per layer type (Gemma 2/3 in transformers 5)."""
+    return isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
+
+
 def get_rope_theta(config: PretrainedConfig) -> float | None:
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
         return float(params["rope_theta"])
-    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+    if _per_layer_type(params):
         return float(next(iter(params.values()))["rope_theta"])
     return getattr(config, "rope_theta", None)
+
+
+def rope_position_limit(config: PretrainedConfig) -> tuple[int | None, str]:
+    """The positions ``config``'s RoPE covers and how: ``max_position_embeddings``, or with a RoPE scaling (yarn,
+    linear, llama3, longrope) ``factor`` x its original length when that is more (the full-attention layers' under
+    per-layer-type parameters); (None, ...) for dynamic NTK, which rescales to any length."""
+    limit = getattr(config, "max_position_embeddings", None)
+    params = getattr(config, "rope_parameters", None) or {}
+    if _per_layer_type(params):
+        params = params.get("full_attention") or next(iter(params.values()))
+    kind, factor = params.get("rope_type", "default"), params.get("factor")
+    if kind == "dynamic":
+        return None, "dynamic NTK scaling rescales to any length"
+    if kind in ("yarn", "linear", "llama3", "longrope") and factor:
+        original = params.get("original_max_position_embeddings") or limit
+        if original and original * factor > (limit or 0):
+            return int(original * factor), f"{kind} factor {factor:g} x {original}"
+    return limit, f"max_position_embeddings={limit}"
 
 
 ROPE_SCALING_TYPES = ("yarn", "dynamic", "linear")
@@ -157,8 +180,7 @@ def set_rope_scaling(config: PretrainedConfig, scaling: dict) -> None:
     elif kind != "linear":
         scaling["original_max_position_embeddings"] = int(original)
     params = getattr(config, "rope_parameters", None)
-    nested = isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
-    if nested:
+    if _per_layer_type(params):
         for layer_type in [k for k in params if k == "full_attention"] or list(params):
             params[layer_type] = {**scaling, "rope_theta": params[layer_type].get("rope_theta", get_rope_theta(config))}
     else:

@@ -282,7 +282,8 @@ def test_position_warning_counts_rope_scaling():
     dynamic NTK any length; past the limit the warning names the scaling and the flags that move it."""
     from transformers import Gemma2Config, LlamaConfig
 
-    from easy_context.eval.runtime import position_limit, position_warning
+    from easy_context.eval.runtime import position_warning
+    from easy_context.models import rope_position_limit as position_limit
     from easy_context.models import set_rope_scaling
 
     plain = LlamaConfig(max_position_embeddings=65536, rope_theta=1e7)

@@ -185,30 +185,12 @@ def _install_loss_head(model) -> None:
         CausalLMWithLoss(model)
 
 
-def position_limit(config) -> tuple[int | None, str]:
-    """The positions ``config``'s RoPE covers and how: ``max_position_embeddings``, or with a RoPE scaling (yarn,
-    linear, llama3, longrope) ``factor`` x its original length when that is more; (None, ...) for dynamic NTK, which
-    rescales to any length."""
-    limit = getattr(config, "max_position_embeddings", None)
-    params = getattr(config, "rope_parameters", None) or {}
-    if params and all(isinstance(v, dict) for v in params.values()):  # per layer type (Gemma 2/3)
-        params = params.get("full_attention") or next(iter(params.values()))
-    kind, factor = params.get("rope_type", "default"), params.get("factor")
-    if kind == "dynamic":
-        return None, "dynamic NTK scaling rescales to any length"
-    if kind in ("yarn", "linear", "llama3", "longrope") and factor:
-        original = params.get("original_max_position_embeddings") or limit
-        if original and original * factor > (limit or 0):
-            return int(original * factor), f"{kind} factor {factor:g} x {original}"
-    return limit, f"max_position_embeddings={limit}"
-
-
 def position_warning(config, length: int, model_name: str) -> str | None:
-    """A warning when ``length`` tokens exceed the positions ``config``'s RoPE covers (:func:`position_limit`),
-    naming the RoPE base and scaling in use."""
-    from ..models import get_rope_theta
+    """A warning when ``length`` tokens exceed the positions ``config``'s RoPE covers
+    (:func:`~easy_context.models.rope_position_limit`), naming the RoPE base and scaling in use."""
+    from ..models import get_rope_theta, rope_position_limit
 
-    limit, how = position_limit(config)
+    limit, how = rope_position_limit(config)
     if not limit or length <= limit:
         return None
     return (
