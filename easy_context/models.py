@@ -87,29 +87,51 @@ def shape_config(name: str, vocab_size: int | None = None) -> PretrainedConfig:
     return AutoConfig.for_model(model_type, **overrides)
 
 
-def set_rope_theta(config: PretrainedConfig, theta: float) -> None:
-    """Set the RoPE base (transformers 5 keeps it in ``config.rope_parameters``, per layer type for some models)."""
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        params["rope_theta"] = float(theta)
-    elif isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        for sub in params.values():
-            sub["rope_theta"] = float(theta)
-    else:
-        config.rope_theta = float(theta)
-
-
 def _per_layer_type(params) -> bool:
     """Whether ``config.rope_parameters`` holds one dict per layer type (Gemma 2/3 in transformers 5)."""
     return isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
 
 
-def get_rope_theta(config: PretrainedConfig) -> float | None:
+def long_range_layer_types(config: PretrainedConfig) -> list[str] | None:
+    """The keys of ``config.rope_parameters`` whose RoPE a context extension changes, or None when one RoPE serves
+    every layer. Under per-layer-type parameters (Gemma 2/3: ``sliding_attention`` and ``full_attention``) only the
+    layers that attend over the whole context: a sliding-window layer never sees a query-key distance beyond its
+    window, so its positions stay inside what it was trained on at any length, and changing its base or scaling
+    would only move it away from its pretrained behaviour (Gemma 3's own 128K models scale the global layers only).
+    Every type counts as long-range when none is named sliding."""
+    return _long_range_keys(getattr(config, "rope_parameters", None))
+
+
+def _long_range_keys(params) -> list[str] | None:
+    if not _per_layer_type(params):
+        return None
+    return [k for k in params if "sliding" not in k] or list(params)
+
+
+def set_rope_theta(config: PretrainedConfig, theta: float) -> None:
+    """Set the RoPE base (transformers 5 keeps it in ``config.rope_parameters``); under per-layer-type parameters the
+    long-range layers' base only (:func:`long_range_layer_types`)."""
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
+        params["rope_theta"] = float(theta)
+    elif _per_layer_type(params):
+        for layer_type in long_range_layer_types(config):
+            params[layer_type]["rope_theta"] = float(theta)
+    else:
+        config.rope_theta = float(theta)
+
+
+def _long_range_rope(params) -> dict:
+    """The RoPE parameters of the long-range layers: ``params`` itself, or its first long-range layer type's."""
+    keys = _long_range_keys(params)
+    return params[keys[0]] if keys else params or {}
+
+
+def get_rope_theta(config: PretrainedConfig) -> float | None:
+    """The RoPE base of the layers that see the whole context (the full-attention layers' under per-layer types)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and (params := _long_range_rope(params)) and "rope_theta" in params:
         return float(params["rope_theta"])
-    if _per_layer_type(params):
-        return float(next(iter(params.values()))["rope_theta"])
     return getattr(config, "rope_theta", None)
 
 
@@ -118,9 +140,7 @@ def rope_position_limit(config: PretrainedConfig) -> tuple[int | None, str]:
     linear, llama3, longrope) ``factor`` x its original length when that is more (the full-attention layers' under
     per-layer-type parameters); (None, ...) for dynamic NTK, which rescales to any length."""
     limit = getattr(config, "max_position_embeddings", None)
-    params = getattr(config, "rope_parameters", None) or {}
-    if _per_layer_type(params):
-        params = params.get("full_attention") or next(iter(params.values()))
+    params = _long_range_rope(getattr(config, "rope_parameters", None))
     kind, factor = params.get("rope_type", "default"), params.get("factor")
     if kind == "dynamic":
         return None, "dynamic NTK scaling rescales to any length"
@@ -166,7 +186,8 @@ def set_rope_scaling(config: PretrainedConfig, scaling: dict) -> None:
     """Give ``config`` a RoPE scaling in transformers 5 style: ``config.rope_parameters`` becomes ``scaling`` plus
     the RoPE base in use (``rope_theta`` kept). ``yarn``: ``original_max_position_embeddings`` defaults to the
     config's ``max_position_embeddings``; ``dynamic`` (NTK) scales from ``max_position_embeddings``, so an ORIGINAL
-    length sets that. Per-layer-type parameters (Gemma 2/3) scale the ``full_attention`` layers only."""
+    length sets that. Per-layer-type parameters (Gemma 2/3) scale the long-range layers only
+    (:func:`long_range_layer_types`)."""
     scaling = dict(scaling)
     kind = scaling.get("rope_type")
     if kind is None or "factor" not in scaling:
@@ -181,7 +202,7 @@ def set_rope_scaling(config: PretrainedConfig, scaling: dict) -> None:
         scaling["original_max_position_embeddings"] = int(original)
     params = getattr(config, "rope_parameters", None)
     if _per_layer_type(params):
-        for layer_type in [k for k in params if k == "full_attention"] or list(params):
+        for layer_type in long_range_layer_types(config):
             params[layer_type] = {**scaling, "rope_theta": params[layer_type].get("rope_theta", get_rope_theta(config))}
     else:
         config.rope_parameters = {**scaling, "rope_theta": get_rope_theta(config)}
