@@ -7,11 +7,15 @@ Measures, for causal bf16 attention (batch 1, 32 heads, head_dim 128 by default)
 * TFLOP/s of each local kernel, forward and forward+backward (fwd+bwd counted as 3.5x the forward FLOPs);
 * the *step efficiency* of each SP schedule: its local kernel calls and merges for W virtual ranks over the
   same total sequence (no communication), as monolithic-kernel time / schedule time;
-* with ``--windows W ...`` (kernel fa4, the one with band blocks): causal sliding-window attention, fwd+bwd time of
-  (a) full causal attention, (b) the window computed without skipping (SDPA with a dense window mask, what
-  transformers' sdpa path runs on one GPU), (c) the window through each SP schedule on W virtual ranks (steps and
+* with ``--windows W ...`` (the ``--kernels`` that compute band blocks: fa4, flex): causal sliding-window attention,
+  fwd+bwd time of (a) full causal attention, (b) the window computed without skipping (SDPA with a dense window mask,
+  what transformers' sdpa path runs on one GPU), (c) the window through each SP schedule on W virtual ranks (steps and
   tasks beyond the window make no kernel call; diagonal runs longer than the window are tiled) and (d) the
-  monolithic fa4 window (the kernel's own tile skipping: the single-GPU ideal).
+  monolithic window of each kernel (its own tile skipping: the single-GPU ideal). Gemma-3-270M's window layers,
+  flash-attn-4 against FlexAttention (the kernel a GPU without flash-attn-4 gets)::
+
+    python bench/attention.py --seqs 131072 --heads 4 --heads-kv 1 --head-dim 256 --windows 512 --kernels fa4 flex \
+        --json window.json
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def check(results: list) -> bool:
     """Kernel and virtual-rank schedule parity vs an fp32 reference on the GPU."""
     ok = True
     dev = "cuda"
-    for name in ("cudnn", "flash", "efficient", "math"):
+    for name in ("cudnn", "flash", "efficient", "flex", "math"):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for d in (64, 128):
                 works = kernel_works(name, "cuda", dtype, d)
@@ -240,60 +244,73 @@ def _masked_sdpa_fwd_bwd(q, k, v, dout, mask):
     return run
 
 
-def bench_window(s, heads, heads_kv, d, world, windows, results, date, dev="cuda"):
-    """Sliding-window fwd+bwd times at one length (see the module docstring); fa4 only (band blocks)."""
+def bench_window(s, heads, heads_kv, d, world, windows, results, date, kernels=("fa4",), dev="cuda"):
+    """Sliding-window fwd+bwd times at one length (see the module docstring), for each of ``kernels`` that computes
+    band blocks here."""
     dtype = torch.bfloat16
-    if not kernel_works("fa4", dev, dtype, d):
-        _record(results, {"name": f"window/S{s}", "error": "fa4 unavailable: band blocks need it", "date": date})
+    band_kernels = [n for n in kernels
+                    if n in KERNELS and "band" in KERNELS[n].supports and kernel_works(n, dev, dtype, d)]  # fmt: skip
+    if not band_kernels:
+        _record(results, {"name": f"window/S{s}", "error": f"none of {list(kernels)} computes band blocks here",
+                          "date": date})  # fmt: skip
         return
-    fa4, scale = KERNELS["fa4"], d**-0.5
+    scale = d**-0.5
     g = torch.Generator(device=dev).manual_seed(s)
     q, dout = (torch.randn(1, s, heads, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
     k, v = (torch.randn(1, s, heads_kv, d, device=dev, dtype=dtype, generator=g) for _ in range(2))
     tag = f"S{s}/h{heads}-{heads_kv}"
     rec = lambda name, t, **kw: _record(results, {"name": f"window/{name}/{tag}", "value": round(t, 5),  # noqa: E731
                                                   "unit": "s fwd+bwd", "date": date, **kw})  # fmt: skip
-    t_full = timed(_fwd_bwd(fa4, q, k, v, dout, d))
-    rec("full_causal/fa4", t_full)
+    t_full = {}
+    for name in band_kernels:
+        t_full[name] = timed(_fwd_bwd(KERNELS[name], q, k, v, dout, d))
+        rec(f"full_causal/{name}", t_full[name])
     if "cudnn" in KERNELS and kernel_works("cudnn", dev, dtype, d):
         rec("full_causal/cudnn", timed(_fwd_bwd(KERNELS["cudnn"], q, k, v, dout, d)))
     shards = {name: [[shard(x, r, world) for r in range(world)] for x in (q, k, v, dout)]
               for name, (_, shard) in SCHEDULES.items()}  # fmt: skip
     sched_full = {}
-    for name, (sim, _) in SCHEDULES.items():
-        qs, ks, vs, ds = shards[name]
-        sched_full[name] = timed(_schedule_fwd_bwd(sim, fa4, qs, ks, vs, ds, d), warmup=1, reps=3)
-        rec(f"full_causal/{name}/fa4/W{world}", sched_full[name])
+    for kname in band_kernels:
+        for name, (sim, _) in SCHEDULES.items():
+            qs, ks, vs, ds = shards[name]
+            sched_full[name, kname] = timed(_schedule_fwd_bwd(sim, KERNELS[kname], qs, ks, vs, ds, d), warmup=1, reps=3)
+            rec(f"full_causal/{name}/{kname}/W{world}", sched_full[name, kname])
     w = max(windows)  # a dense mask computes every tile whatever the window: timed once
+    first = band_kernels[0]
     try:
         i = torch.arange(s, device=dev)
         mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < w)
         t_mask = timed(_masked_sdpa_fwd_bwd(q, k, v, dout, mask), warmup=1, reps=2)
-        rec(f"w{w}/dense_mask/efficient", t_mask, speedup_vs_full=round(t_full / t_mask, 2))
+        rec(f"w{w}/dense_mask/efficient", t_mask, speedup_vs_full=round(t_full[first] / t_mask, 2))
         del mask
     except torch.OutOfMemoryError as e:
         rec(f"w{w}/dense_mask/efficient", float("nan"), error=str(e)[:120])
     torch.cuda.empty_cache()
     for w in windows:
-        band = (0, w - 1)
+        band, t_monos = (0, w - 1), {}
+        for kname in band_kernels:
+            kern = KERNELS[kname]
 
-        def mono(w=w, band=band):
-            o, lse = fa4.forward(q, k, v, True, scale, band)
-            fa4.backward(dout, q, k, v, o, lse, True, scale, band)
+            def mono(kern=kern, band=band):
+                o, lse = kern.forward(q, k, v, True, scale, band)
+                kern.backward(dout, q, k, v, o, lse, True, scale, band)
 
-        t_mono = timed(mono)
-        rec(f"w{w}/monolithic/fa4", t_mono, speedup_vs_full=round(t_full / t_mono, 2))
-        torch.cuda.empty_cache()
-        for name, (sim, _) in SCHEDULES.items():
-            qs, ks, vs, ds = shards[name]
+            t_mono = t_monos[kname] = timed(mono)
+            extra = {} if kname == first else {f"time_vs_{first}": round(t_mono / t_monos[first], 3)}
+            rec(f"w{w}/monolithic/{kname}", t_mono, speedup_vs_full=round(t_full[kname] / t_mono, 2), **extra)
+            torch.cuda.empty_cache()
+            for name, (sim, _) in SCHEDULES.items():
+                qs, ks, vs, ds = shards[name]
 
-            def run(sim=sim, qs=qs, ks=ks, vs=vs, ds=ds, w=w):
-                outs, lses = sim.virtual_forward(qs, ks, vs, fa4, scale, True, window=w)
-                sim.virtual_backward(ds, qs, ks, vs, outs, lses, fa4, scale, True, window=w)
+                def run(sim=sim, qs=qs, ks=ks, vs=vs, ds=ds, w=w, kern=kern):
+                    outs, lses = sim.virtual_forward(qs, ks, vs, kern, scale, True, window=w)
+                    sim.virtual_backward(ds, qs, ks, vs, outs, lses, kern, scale, True, window=w)
 
-            t = timed(run, warmup=1, reps=3)
-            rec(f"w{w}/{name}/fa4/W{world}", t, speedup_vs_same_schedule_full=round(sched_full[name] / t, 2),
-                speedup_vs_full=round(t_full / t, 2), efficiency_vs_monolithic_window=round(t_mono / t, 3))  # fmt: skip
+                t = timed(run, warmup=1, reps=3)
+                rec(f"w{w}/{name}/{kname}/W{world}", t,
+                    speedup_vs_same_schedule_full=round(sched_full[name, kname] / t, 2),
+                    speedup_vs_full=round(t_full[kname] / t, 2),
+                    efficiency_vs_monolithic_window=round(t_mono / t, 3))  # fmt: skip
 
 
 def main():
@@ -304,8 +321,9 @@ def main():
     ap.add_argument("--heads-kv", type=int, nargs="*", default=[32])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--world", type=int, default=8, help="virtual ranks of the SP schedules")
-    ap.add_argument("--kernels", nargs="*", default=["fa4", "cudnn", "flash", "efficient"], help="kernels to time")
-    ap.add_argument("--windows", type=int, nargs="*", default=None, help="sliding windows to time (fa4)")
+    ap.add_argument("--kernels", nargs="*", default=["fa4", "cudnn", "flash", "efficient"],
+                    help="kernels to time (or flex); with --windows, the ones that compute band blocks")  # fmt: skip
+    ap.add_argument("--windows", type=int, nargs="*", default=None, help="sliding windows to time (fa4, flex)")
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args()
     global JSON_OUT
@@ -317,7 +335,8 @@ def main():
         ok = check(results)
     elif args.windows:
         for s in args.seqs:
-            bench_window(s, args.heads, args.heads_kv[0], args.head_dim, args.world, args.windows, results, date)
+            bench_window(s, args.heads, args.heads_kv[0], args.head_dim, args.world, args.windows, results, date,
+                         args.kernels)  # fmt: skip
             torch.cuda.empty_cache()
     else:
         for hkv in args.heads_kv:

@@ -19,8 +19,9 @@ GPU), the LM-head loss (``--loss auto``: Liger's fused kernel when liger-kernel 
 chunked loss; rows record the resolved name), the chosen checkpointing mode (``attn`` =
 checkpoint-after-attention) and optionally compiled norms/MLP/RoPE.
 
-MFU = (6 N + causal attention FLOPs) x tokens / step time / 989 TFLOP/s (``easy_context.training.flops``; recompute is
-not counted). ``--profile DIR`` writes a torch-profiler table (CUDA time per op) of one extra step.
+MFU = (6 N + attention FLOPs) x tokens / step time / 989 TFLOP/s (``easy_context.training.flops``: each layer's
+attention as it is masked, full causal or sliding window; recompute is not counted). ``--profile DIR`` writes a
+torch-profiler table (CUDA time per op) of one extra step.
 """
 
 from __future__ import annotations

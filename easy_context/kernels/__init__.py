@@ -2,12 +2,14 @@
 
 ``get_kernel(name, device, dtype, head_dim)`` returns an :class:`AttnKernel`. Names: ``cpu``, ``cudnn``,
 ``flash``, ``efficient``, ``flash_attn`` (the flash-attn package, FlashAttention-2), ``fa4`` (the flash-attn-4
-package, FlashAttention-4, on sm90/sm100) and ``math`` (explicit softmax reference). ``auto`` picks the fastest
-kernel that works for the device, dtype and head_dim (:data:`CUDA_PREFERENCE` on GPUs); an explicit name that cannot
-run raises an error saying what to install or choose instead.
+package, FlashAttention-4, on sm90/sm100), ``flex`` (PyTorch's FlexAttention, CUDA only) and ``math`` (explicit
+softmax reference). ``auto`` picks the fastest kernel that works for the device, dtype and head_dim
+(:data:`CUDA_PREFERENCE` on GPUs); an explicit name that cannot run raises an error saying what to install or choose
+instead.
 
 ``needs``: the variants (:data:`~easy_context.kernels.base.VARIANTS`) the call computes. ``auto`` then picks the
-fastest kernel that supports them all (on CPU, soft-capping: ``math``); an explicit kernel that lacks one raises
+fastest kernel that supports them all (on a GPU without flash-attn-4, sliding-window blocks and soft-capping:
+``flex``; on CPU, soft-capping: ``math``); an explicit kernel that lacks one raises
 :class:`~easy_context.kernels.base.VariantError` naming the kernels that have it (never a silent switch).
 """
 
@@ -25,16 +27,20 @@ from .cuda_sdpa import CUDNN, EFFICIENT, FLASH
 from .fa4 import FA4
 from .fa4 import unavailable_reason as fa4_unavailable_reason
 from .flash_attn_pkg import FLASH_ATTN, flash_attn_available
+from .flex import FLEX
+from .flex import unavailable_reason as flex_unavailable_reason
 from .math_ref import MATH
 
 # (math before fa4: a VariantError names the kernels that compute a variant in this order, the one that runs anywhere
 # first)
-KERNELS: dict[str, AttnKernel] = {k.name: k for k in (CPU, CUDNN, FLASH, EFFICIENT, FLASH_ATTN, MATH, FA4)}
+KERNELS: dict[str, AttnKernel] = {k.name: k for k in (CPU, CUDNN, FLASH, EFFICIENT, FLASH_ATTN, MATH, FA4, FLEX)}
 KERNEL_NAMES = ("auto", *KERNELS)
 SUPPORTS.update({name: frozenset(kern.supports) for name, kern in KERNELS.items()})
 # fastest first, measured on an H200 (docs/benchmarks.md, docs/kernels.md): flash-attn-4 (sm90/sm100 only: its
-# kernel_works refuses other GPUs without compiling anything) > cuDNN > flash-attn pkg > flash > efficient
-CUDA_PREFERENCE = ("fa4", "cudnn", "flash_attn", "flash", "efficient")
+# kernel_works refuses other GPUs without compiling anything) > cuDNN > flash-attn pkg > flash > efficient.
+# FlexAttention last: slower than cuDNN on full blocks, it is what auto picks for the variants only it computes without
+# fa4 (band blocks of sliding-window layers, soft-capping), instead of the explicit-softmax math kernel
+CUDA_PREFERENCE = ("fa4", "cudnn", "flash_attn", "flash", "efficient", "flex")
 
 __all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "VariantError", "default_scale", "get_kernel", "kernel_works",
            "kernels_supporting"]  # fmt: skip
@@ -63,6 +69,8 @@ def _static_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim
         return "the flash-attn package is not importable; install it with `pip install easy_context[gpu]`"
     if name == "fa4":
         return fa4_unavailable_reason(device, dtype, head_dim)
+    if name == "flex":
+        return flex_unavailable_reason(device, dtype, head_dim)
     return None
 
 
