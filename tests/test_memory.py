@@ -485,3 +485,40 @@ def test_checkpoint_every_under_fsdp2(dist_pool) -> None:
         got = pool.run(fsdp2_worker, every)
         flat = lambda rows: [x for row in rows for x in row]  # noqa: E731
         assert flat(got) == pytest.approx(flat(ref), rel=1e-6), (every, got, ref)
+
+
+def test_attn_global_replays_the_global_layers_only() -> None:
+    """'attn-global' on a Gemma 3 pattern (sliding, full, sliding, full): the loss and gradients of plain
+    checkpointing; the global layers' attention runs once, the sliding layers' twice (re-run in the backward);
+    only global layers keep an attention output."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    import easy_context as ec
+    from easy_context.memory import apply_checkpointing
+    from easy_context.memory.offload_checkpoint import is_sliding_layer
+
+    layer_types = ["sliding_attention", "full_attention"] * 2
+    config = Gemma3TextConfig(hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=4, vocab_size=128,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=5,
+                              query_pre_attn_scalar=16, layer_types=layer_types)  # fmt: skip
+
+    def build():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").float().train()
+        ec.apply_seq_parallel_monkey_patch("data_parallel", model, kernel="cpu")
+        return model
+
+    ref_loss, ref_grads = _loss_and_grads(build())
+    fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    ec.kernels.get_kernel("cpu", "cpu", torch.float32, 16)  # its one-time probe call is not counted below
+    calls = {}
+    for mode in ("full", "attn", "attn-global"):
+        model = apply_checkpointing(build(), mode)
+        assert [is_sliding_layer(layer) for layer in model.model.layers] == [True, False, True, False]
+        with _OpCount(fwd_op) as count:
+            loss, grads = _loss_and_grads(model)
+        calls[mode] = count.calls
+        assert _rel_err(loss, ref_loss) < 1e-5
+        assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
+    # a global layer is one kernel call per forward; 'attn-global' saves the two global layers' re-runs only
+    assert calls["full"] == 2 * calls["attn"] and calls["attn-global"] == calls["full"] - 2

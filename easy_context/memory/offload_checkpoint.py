@@ -44,7 +44,7 @@ import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -140,7 +140,7 @@ def enable_offloaded_checkpointing(
     model: torch.nn.Module,
     *,
     offload: bool = True,
-    replay_attention: bool = False,
+    replay_attention: bool | Literal["global"] = False,
     offload_layers: int | None = None,
     pin_memory: bool = True,
     checkpoint_every: int = 1,
@@ -153,6 +153,9 @@ def enable_offloaded_checkpointing(
     fp32 lse on the device, and the backward skips one attention forward per layer. As with HF's own
     checkpointing, layers are checkpointed only in training mode (``model.train()``) with grad enabled, and
     ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.
+    ``replay_attention="global"`` replays the attention of the layers that attend over the whole sequence only:
+    a sliding-window layer's attention costs window x length, little to re-run, and its output is not worth
+    keeping (:func:`is_sliding_layer`).
 
     ``offload_layers=n`` offloads only the first n stored layer inputs (the others stay on the device), to
     split the checkpoints between host and device memory when the host cannot hold them all. ``pin_memory=False``
@@ -182,6 +185,11 @@ def enable_offloaded_checkpointing(
     # offload_layers counts stored inputs: with checkpoint_every=k, layer i stores the input of group i // k
     offloaded = [offload and (offload_layers is None or i // checkpoint_every < offload_layers)
                  for i in range(len(layers))]  # fmt: skip
+    if replay_attention == "global":  # sliding-window layers: plain checkpointing, attention re-run
+        plain = functools.partial(offloaded_checkpoint, use_reentrant=False, pin_memory=pin_memory)
+        for layer, off in zip(layers, offloaded):
+            if is_sliding_layer(layer):
+                layer._gradient_checkpointing_func = functools.partial(plain, offload=off)
     if checkpoint_every > 1:
         groups = LayerGroups(len(layers), checkpoint_every)
         for i, layer in enumerate(layers):
@@ -190,9 +198,18 @@ def enable_offloaded_checkpointing(
                                                                    module=layer, **hooks)  # fmt: skip
     else:
         for layer, off in zip(layers, offloaded):
-            if offload and not off:
+            if offload and not off and not (replay_attention == "global" and is_sliding_layer(layer)):
                 layer._gradient_checkpointing_func = functools.partial(func, offload=False)
     return model
+
+
+def is_sliding_layer(layer: torch.nn.Module) -> bool:
+    """Whether a decoder layer attends through a sliding window: its ``attention_type`` (Gemma 3, gpt-oss) or its
+    attention module's ``sliding_window`` (Gemma 2) says so. A layer that says nothing counts as global."""
+    if getattr(layer, "attention_type", None) == "sliding_attention":
+        return True
+    attn = getattr(layer, "self_attn", None)
+    return bool(getattr(attn, "is_sliding", False) or getattr(attn, "sliding_window", None))
 
 
 def _pack(tensor: torch.Tensor, pin_memory: bool) -> HostCopy | torch.Tensor:
@@ -209,6 +226,9 @@ CHECKPOINT_MODES: dict[str, str] = {
     "offload": "as full, with the layer inputs in pinned host memory",
     "attn": "as full, but keep each layer's attention output: the backward does not re-run attention",
     "attn-offload": "attn, with the layer inputs in host memory (attention outputs stay on the device)",
+    "attn-global": "attn for the layers that attend over the whole sequence only; sliding-window layers re-run "
+    "their (window x length) attention and keep no output (Gemma 2/3, gpt-oss: the memory of attn at the cost "
+    "of full for the global layers)",
 }
 
 
@@ -243,7 +263,8 @@ def apply_checkpointing(
                              "easy_context.apply_seq_parallel_monkey_patch on it first")  # fmt: skip
         apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel="auto")
     split = {} if offload_layers is None else {"offload_layers": offload_layers, "pin_memory": False}
-    return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=mode.startswith("attn"),
+    replay = "global" if mode == "attn-global" else mode.startswith("attn")
+    return enable_offloaded_checkpointing(model, offload="offload" in mode, replay_attention=replay,
                                           checkpoint_every=checkpoint_every, **split)  # fmt: skip
 
 
