@@ -25,8 +25,8 @@ class MetricsLogger:
 
     Fields: step, loss, lr, tokens (cumulative, all ranks), tokens_per_s, peak_mem_bytes (GPU allocated; host RSS
     on CPU), peak_host_bytes (this process's peak RSS), skipped_steps (cumulative count of steps whose update
-    ``--nonfinite skip`` dropped), and mfu on GPUs
-    (6N + causal attention FLOPs per token, recompute not counted, against the datasheet bf16 peak).
+    ``--nonfinite skip`` dropped), and mfu on GPUs (6N + each layer's attention FLOPs per token, window layers
+    counted as window x length, recompute not counted, against the datasheet bf16 peak).
 
     A run starting at ``start_step`` (0, or the step it resumed at) keeps only the rows up to that step: a run
     killed after its last saved state logged steps that its resumption logs again. ``start_tokens``: the tokens
