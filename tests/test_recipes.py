@@ -112,7 +112,7 @@ def test_command_line_overrides_the_recipe(tmp_path):
         ("config: other.yaml", "'config' is a command-line flag, not a recipe key"),
         ("dtype: float16", "dtype: 'float16' is not one of bfloat16, float32"),
         ("max-train-steps: many", "max-train-steps: invalid value 'many'"),
-        ("gradient-accumulate-every: 0", "gradient-accumulate-every: invalid value 0: must be >= 1, got 0"),
+        ("gradient-accumulate-every: 0", "gradient-accumulate-every: invalid value 0: must be an integer >= 1, got 0"),
         ("no-save: 3", "no-save: expected true or false, got 3"),
         ("adam-betas: 0.9", "adam-betas: expected a list, got 0.9"),
         ("adam-betas: [0.9]", "adam-betas: expected 2 values, got [0.9]"),
@@ -195,7 +195,8 @@ def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script)
     """Each train_scripts/ recipe (a YAML file plus its launch lines): every launch parses, extra flags after the
     script's name reach every stage, and each stage's length and layout pass the backend's check on 8 GPUs."""
     assert {p.name for p in (ROOT / "train_scripts").glob("*.sh")} == {*HEADS, "demo_cpu.sh", "demo_h200.sh",
-                                                                         "extend_smollm2.sh"}  # demos  # fmt: skip
+                                                                         "extend.sh", "extend_smollm2.sh"}  # fmt: skip
+    # (the demos and the extension recipe: tests/test_gemma_recipe.py runs the latter)
     monkeypatch.chdir(ROOT)  # the scripts run from the checkout's root
     calls = recorded_runs(tmp_path, script)
     stages = []
@@ -227,10 +228,10 @@ def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script)
 
 
 def test_extend_smollm2_recipe_parses():
-    """The SmolLM2 extension's YAML (train_scripts/extend_smollm2.yaml) parses with train.py's flags as the script
-    passes them, and holds the recipe docs/extension_smollm2.md reports (64K, RoPE base 1e7, lr 1e-4 cosine,
-    350 steps)."""
-    args = parse_args(["--config", str(ROOT / "train_scripts" / "extend_smollm2.yaml"), "--model", "m", "--dataset",
+    """The SmolLM2 extension's YAML (train_scripts/smollm2_64k.yaml, its pipeline: section ignored) parses with
+    train.py's flags as extend.sh passes them, and holds the recipe docs/extension_smollm2.md reports (64K, RoPE base
+    1e7, lr 1e-4 cosine, 350 steps)."""
+    args = parse_args(["--config", str(ROOT / "train_scripts" / "smollm2_64k.yaml"), "--model", "m", "--dataset",
                        "d", "--output-dir", "o", "--kernel", "fa4", "--time-limit", "540", "--compile"])  # fmt: skip
     assert (args.seq_length, args.rope_theta, args.learning_rate, args.lr_schedule) == (65536, 1e7, 1e-4, "cosine")
     assert (args.parallel_mode, args.checkpointing, args.dtype, args.max_train_steps) == (

@@ -4,6 +4,10 @@
         --model extended=out/eval/extended --base-length 8192 --target-length 65536 --train-metrics out/extended \\
         --output out/results
 
+``--train-metrics`` once per training stage of a progressive extension (in the order trained, the extended model's
+last): the summary's ``training`` is the last stage's, ``training_stages`` each stage's, and the loss curve runs
+through all of them.
+
 Each ``--model NAME=DIR`` folder may hold ``needle/results.csv`` (eval_needle.py), ``needle3/results.csv`` (the same
 with distractors), ``ppl.csv`` (eval_ppl.py by length), ``ppl_short.csv`` (eval_ppl.py over short windows) and
 ``prompts.json`` (:mod:`easy_context.eval.fixed_prompts`) and ``long_<SCALING>/results.csv`` (the needle beyond the
@@ -140,11 +144,11 @@ def markdown(summary: dict, base_length: int) -> str:
         for i, item in enumerate(first):
             cells = [p[i]["output"].replace("\n", "\\n").replace("|", "\\|")[:80] for p in prompts.values()]
             lines.append(f"| {item['prompt'][:40].replace(chr(10), ' ')} | " + " | ".join(cells) + " |")
-    if summary.get("training"):
-        t = summary["training"]
-        lines += ["", f"Training: {t['steps']} steps, {t['tokens']:,} tokens, {t['train_seconds']:.0f} s, "
-                  f"{t['tokens_per_s']:,.0f} tok/s, final loss {t['loss']}, peak {t['peak_mem_gib']} GiB"
-                  + (f", MFU {t['mfu']:.1%}" if "mfu" in t else "")]  # fmt: skip
+    stages = summary.get("training_stages") or ({"": summary["training"]} if summary.get("training") else {})
+    for stage, t in stages.items():
+        lines += ["", f"Training{f' ({stage})' if stage else ''}: {t['steps']} steps, {t['tokens']:,} tokens, "
+                  f"{t['train_seconds']:.0f} s, {t['tokens_per_s']:,.0f} tok/s, final loss {t['loss']}, "
+                  f"peak {t['peak_mem_gib']} GiB" + (f", MFU {t['mfu']:.1%}" if "mfu" in t else "")]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -153,10 +157,10 @@ def _ppl_lengths(models: dict) -> list[int]:
 
 
 def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, float]], base_length: int,
-           path: str, after: str | None = None) -> str:  # fmt: skip
+           path: str, after: str | None = None, stage_starts: list[int] | None = None) -> str:  # fmt: skip
     """Heatmaps of the first model with needle rows and of ``after`` (default: the last), needle accuracy vs length
-    of all, perplexity vs length of all, the training loss (each logged step and a running mean of 5); returns
-    ``path``."""
+    of all, perplexity vs length of all, the training loss (each logged step and a running mean of 5; a dotted line
+    where each stage after the first starts, ``stage_starts``); returns ``path``."""
     from . import plots
 
     plt = plots.plt
@@ -200,8 +204,11 @@ def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, f
         ax.plot(steps, values, alpha=0.35, label="logged step")
         ax.plot(steps, [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1])
                         for i in range(len(values))], label="running mean of 5")  # fmt: skip
+        for start in stage_starts or []:
+            ax.axvline(start, color="black", linestyle=":", linewidth=1)
         ax.legend()
-    ax.set(xlabel="step", ylabel="training loss (token mean)", title="Extension: training loss")
+    ax.set(xlabel="step (all stages)" if stage_starts else "step", ylabel="training loss (token mean)",
+           title="Extension: training loss")  # fmt: skip
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return plots._save(fig, path)
@@ -212,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR", help="an evaluated model's folder")
     p.add_argument("--base-length", type=int, required=True, help="the length the base model was trained at")
     p.add_argument("--target-length", type=int, required=True, help="the extension's length")
-    p.add_argument("--train-metrics", default=None, help="the extension's train.py output dir (metrics.jsonl)")
+    p.add_argument("--train-metrics", action="append", default=None, metavar="DIR",
+                   help="the extension's train.py output dir (metrics.jsonl); once per stage, in order")  # fmt: skip
     p.add_argument("--output", required=True, help="folder for summary.json, summary.md, comparison.png")
     p.add_argument("--after", default=None, metavar="NAME", help="the model of the second heatmap (default: the last)")
     args = p.parse_args(argv)
@@ -224,18 +232,30 @@ def main(argv: list[str] | None = None) -> int:
         models[name], needles[name] = model_summary(folder, args.base_length)
     summary = {"base_length": args.base_length, "target_length": args.target_length, "models": models}
     loss: list[tuple[int, float]] = []
-    metrics = os.path.join(args.train_metrics or "", "metrics.jsonl")
-    if args.train_metrics and os.path.isfile(metrics):
-        summary["training"] = training_summary(metrics)
+    stages, starts, offset = {}, [], 0
+    for folder in args.train_metrics or []:
+        metrics = os.path.join(folder, "metrics.jsonl")
+        if not os.path.isfile(metrics):
+            continue
+        stages[os.path.basename(os.path.normpath(folder))] = training_summary(metrics)
+        if loss:
+            starts.append(offset)
         with open(metrics, encoding="utf-8") as f:
-            loss = [(r["step"], r["loss"]) for r in map(json.loads, filter(str.strip, f))]
+            rows = [(r["step"], r["loss"]) for r in map(json.loads, filter(str.strip, f))]
+        loss += [(offset + step, value) for step, value in rows]
+        offset += rows[-1][0] if rows else 0
+    if stages:
+        summary["training"] = list(stages.values())[-1]
+    if len(stages) > 1:
+        summary["training_stages"] = stages
     os.makedirs(args.output, exist_ok=True)
     write_json(summary, os.path.join(args.output, "summary.json"))
     with open(os.path.join(args.output, "summary.md"), "w", encoding="utf-8") as f:
         f.write(markdown(summary, args.base_length))
     if args.after is not None and args.after not in models:
         p.error(f"--after {args.after}: not one of the --model names ({', '.join(models)})")
-    figure(models, needles, loss, args.base_length, os.path.join(args.output, "comparison.png"), after=args.after)
+    figure(models, needles, loss, args.base_length, os.path.join(args.output, "comparison.png"), after=args.after,
+           stage_starts=starts)  # fmt: skip
     print(f"wrote {args.output}/summary.json, summary.md, comparison.png ({len(models)} models)")
     return 0
 

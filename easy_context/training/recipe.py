@@ -9,6 +9,11 @@ the command line's, so a flag given on the command line overrides the file; valu
 choices) and an unknown key is an error naming the nearest flag. A run's ``run_config.json`` is a recipe too:
 ``--config OUT/run_config.json`` repeats that run's flags.
 
+One top-level key is not a flag: ``pipeline:`` holds the settings of the script that drives train.py through a whole
+recipe (train_scripts/extend.sh: the model to fetch, the evaluations, the stages before the main one), which
+train.py ignores; ``python easy_context/training/recipe.py --shell RECIPE.yaml`` prints them as shell assignments
+(:func:`pipeline_shell`).
+
 Each run records its resolved flags, package versions and git revision in ``run_config.json`` (:func:`run_record`)
 in its output dir; ``--resume-from`` refuses a run that changes what the saved state was trained with
 (:func:`resume_mismatch`).
@@ -32,6 +37,7 @@ RUN_CONFIG = "run_config.json"
 # layout (train_state.resume_plan)
 RESUME_FIXED = ("model", "seq_length")
 VERSIONED = ("torch", "transformers", "accelerate", "deepspeed", "easy_context")
+PIPELINE_KEY = "pipeline"  # a recipe's section for the script around train.py (train_scripts/extend.sh), not flags
 
 
 def _recipe_path(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
@@ -110,6 +116,10 @@ def recipe_argv(parser: argparse.ArgumentParser, recipe: dict[str, Any], source:
     options = _long_options(parser)
     argv: list[str] = []
     for key, value in recipe.items():
+        if key == PIPELINE_KEY:  # the driving script's settings (pipeline_shell), not train.py's
+            if not isinstance(value, dict):
+                parser.error(f"--config {source}: {key}: expected a mapping of settings, got {value!r}")
+            continue
         action = _key_action(options, key)
         if action is None and key.replace("_", "-") in ("config", "print-config-path"):
             parser.error(f"--config {source}: '{key}' is a command-line flag, not a recipe key")
@@ -263,3 +273,100 @@ def resume_mismatch(args: argparse.Namespace, state_dir: str | Path) -> str | No
         return None
     return (f"--resume-from {state_dir}: the state was trained with other settings ({'; '.join(changed)}; recorded "
             f"in {path}); resume with the recorded values, or start a new run from its model")  # fmt: skip
+
+
+# top-level flags the driving script reads as its own settings too (the main stage's length and RoPE base, steps)
+_SHELL_FROM_FLAGS = {"seq-length": "TARGET", "rope-theta": "THETA", "max-train-steps": "RECIPE_STEPS"}
+
+
+def _flag_tokens(flags: dict[str, Any]) -> list[str]:
+    """A mapping of train.py flags as command-line tokens, without the parser (train.py checks them when it runs;
+    tests/test_gemma_recipe.py checks the shipped ones against it): ``true`` is the bare flag, ``false`` and ``null``
+    are left out, a list is the flag and its values."""
+    tokens: list[str] = []
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")  # every flag has its dash spelling
+        if value is None or value is False:
+            continue
+        if value is True:
+            tokens.append(flag)
+        elif isinstance(value, list):
+            tokens += [flag, *map(str, value)]
+        else:
+            tokens.append(f"{flag}={value}")
+    return tokens
+
+
+def _shell_word(value: Any) -> str:
+    import shlex
+
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None:
+        return "''"  # set and empty: none (e.g. no needle beyond the target length)
+    if isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value):
+        return shlex.quote(" ".join(map(str, value)))  # a word list: baselines, lengths
+    if isinstance(value, (dict, list)):
+        return shlex.quote(json.dumps(value))  # read by Python (a micro model's config)
+    return shlex.quote(str(value))
+
+
+def pipeline_settings(recipe: dict[str, Any], micro: bool = False) -> dict[str, Any]:
+    """The driving script's settings of a recipe: its ``pipeline:`` mapping (``micro:`` inside it overrides the rest
+    when ``micro``), over the values read from the top-level flags (seq-length -> target, rope-theta -> theta,
+    max-train-steps -> recipe_steps). Keys are lower case, ``-`` or ``_``."""
+    section = recipe.get(PIPELINE_KEY) or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{PIPELINE_KEY}: expected a mapping of settings, got {section!r}")
+    settings: dict[str, Any] = {}
+    for flag, name in _SHELL_FROM_FLAGS.items():
+        for spelling in (flag, flag.replace("-", "_")):
+            if recipe.get(spelling) is not None:
+                settings[name.lower()] = recipe[spelling]
+    settings.update({k.replace("-", "_").lower(): v for k, v in section.items() if k != "micro"})
+    if micro:
+        settings.update({k.replace("-", "_").lower(): v for k, v in (section.get("micro") or {}).items()})
+    return settings
+
+
+def pipeline_shell(recipe: dict[str, Any], micro: bool = False) -> str:
+    """:func:`pipeline_settings` as bash lines for ``eval``: ``NAME=value`` for each setting not already set in the
+    environment (what the caller sets wins, also an empty value); ``stages`` (a list of mappings of train.py flags:
+    the stages trained before the main one, each from the previous one's model) as the arrays STAGE_SEQ,
+    STAGE_STEPS and STAGE_FLAGS (each stage's flags as one string of ``--flag=value`` tokens)."""
+    lines = []
+    settings = pipeline_settings(recipe, micro)
+    stages = settings.pop("stages", None) or []
+    for key, value in settings.items():
+        name = key.upper()
+        if not name.replace("_", "").isalnum() or name[0].isdigit():
+            raise ValueError(f"{PIPELINE_KEY}: {key!r} is not a usable setting name (letters, digits, _)")
+        lines.append(f'[ -n "${{{name}+set}}" ] || {name}={_shell_word(value)}')
+    lines.append("STAGE_SEQ=() STAGE_STEPS=() STAGE_FLAGS=()")
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, dict) or not {"seq-length", "max-train-steps"} <= {k.replace("_", "-") for k in stage}:
+            raise ValueError(f"{PIPELINE_KEY}: stages[{i}]: expected a mapping of train.py flags with seq-length and "
+                             f"max-train-steps, got {stage!r}")  # fmt: skip
+        flags = {k.replace("_", "-"): v for k, v in stage.items()}
+        lines.append(f"STAGE_SEQ+=({int(flags['seq-length'])}) STAGE_STEPS+=({int(flags['max-train-steps'])}) "
+                     f"STAGE_FLAGS+=({_shell_word(' '.join(_flag_tokens(flags)))})")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python easy_context/training/recipe.py --shell [--micro] RECIPE.yaml``: the recipe's pipeline settings as
+    shell lines (run as a file path, this imports neither torch nor easy_context)."""
+    parser = argparse.ArgumentParser(prog="recipe.py", description=main.__doc__)
+    parser.add_argument("--shell", required=True, metavar="RECIPE.yaml", help="print its pipeline settings for eval")
+    parser.add_argument("--micro", action="store_true", help="with the pipeline's micro: overrides (CPU check)")
+    args = parser.parse_args(argv)
+    try:
+        sys.stdout.write(pipeline_shell(load_recipe(args.shell), micro=args.micro))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
