@@ -144,7 +144,7 @@ def test_extend_runs_the_gemma_recipe_on_one_gpu(tmp_path):
     assert p1 == [] and p2 == []  # one process: train.py itself
     assert (s1.model, s2.model) == (str(work / "base"), str(work / "stage1_131072"))
     assert (s1.checkpointing, s1.max_train_steps, s1.time_limit, s1.warmup_steps) == ("attn", 60, 270, 8)
-    assert (s2.checkpointing, s2.max_train_steps, s2.time_limit, s2.warmup_steps) == ("full", 40, 600, 4)
+    assert (s2.checkpointing, s2.max_train_steps, s2.time_limit, s2.warmup_steps) == ("attn-global", 40, 600, 4)
     assert s1.rope_theta == s2.rope_theta == 2e7 and s2.parallel_mode == "data_parallel" and s2.compile
     assert s2.kernel == "auto"  # no fa4 here: the recipe's fallback (cuDNN cannot compute window blocks)
     summary = next(c for c in calls if c[:2] == ["-m", "easy_context.eval.compare"])
@@ -209,7 +209,7 @@ def test_gemma_miniature_trains_a_zigzag_then_a_ulysses_stage_on_two_processes(t
               "train_scripts/gemma3_256k.yaml", "--kernel", "cpu", "--dataset", "random:2", "--learning-rate", "1e-2",
               "--warmup-steps", "0", "--log-every", "1", "--rope-theta", "4e6"]  # fmt: skip
     stages = [("stage1_128", base, 128, "zigzag_ring_attn", "attn"), ("extended", tmp_path / "stage1_128", 256,
-                                                                      "ulysses_attn", "full")]  # fmt: skip
+                                                                      "ulysses_attn", "attn-global")]  # fmt: skip
     for name, model, seq, mode, checkpointing in stages:
         cmd = [*launch, "--model", str(model), "--output-dir", str(tmp_path / name), "--seq-length", str(seq),
                "--parallel_mode", mode, "--checkpointing", checkpointing, "--max-train-steps", "5"]  # fmt: skip
