@@ -17,7 +17,7 @@ DIR=${PAYLOAD_DIR:-.payload}
 PART_MB=${PART_MB:-43}
 # the H200 image: CPython 3.12, x86-64, torch 2.11 cu13 (KINDS.md); these are the versions measured there with fa4
 # (docs/benchmarks.md); datasets as in requirements.txt
-PACKAGES=${PACKAGES:-"gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 flash-attn-4==4.0.0b36
+PACKAGES=${PACKAGES:-"gguf==0.19.0 wonderwords==3.0.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 flash-attn-4==4.0.0b36
     nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1
     nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi torch-c-dlpack-ext"}
 PLATFORM=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64

@@ -147,3 +147,101 @@ def greedy_generate(
             break
         logits = step(token, len(ids) + i)
     return new
+
+
+def can_batch_generate(model, runtime: EvalRuntime) -> bool:
+    """Whether :func:`greedy_generate_batch` decodes several prompts at once: data parallel with the model's own
+    attention (transformers' cache), every layer full attention; else it decodes them one at a time (the sharded SP
+    cache holds one sequence; sliding-window and recurrent layers keep no left-padded history)."""
+    from transformers.cache_utils import DynamicLayer
+
+    if runtime.distributed or _attends_through_easy_context(model):
+        return False
+    from transformers import DynamicCache
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+def _prefill(model, runtime: EvalRuntime, ids: list[int]):
+    """(last-position logits, a transformers ``DynamicCache`` of ``ids``): one unpadded, unmasked prefill."""
+    from transformers import DynamicCache
+
+    decoder = decoder_of(model)
+    cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    cache = DynamicCache(config=model.config)
+    prompt = torch.tensor([ids], device=runtime.device)
+    hidden = decoder(input_ids=prompt, position_ids=torch.arange(len(ids), device=runtime.device)[None],
+                     use_cache=True, **{cache_arg: cache}).last_hidden_state  # fmt: skip
+    return _head_logits(model, hidden[0, -1:])[0], cache
+
+
+@torch.no_grad()
+def greedy_generate_batch(
+    model,
+    runtime: EvalRuntime,
+    prompts: list[list[int]],
+    budgets: list[int],
+    pad_id: int,
+    eos_id: int | None = None,
+    stops: list[Callable[[list[int]], bool] | None] | None = None,
+) -> list[list[int]]:
+    """:func:`greedy_generate` of several prompts (``budgets[i]``, ``stops[i]`` each), the decoding batched.
+
+    Each prompt is prefilled on its own (no padding, so no mask and no length^2 buffer at long lengths); the caches
+    are then left-padded into one batch and every step is one forward for the prompts still going (a finished one
+    leaves the batch with its cache rows), the pads masked out and each prompt at its own positions: the same greedy
+    continuations as one at a time, up to floating-point reassociation. Where :func:`can_batch_generate` is false,
+    one at a time."""
+    stops = stops or [None] * len(prompts)
+    if not can_batch_generate(model, runtime) or len(prompts) == 1:
+        return [greedy_generate(model, runtime, ids, budget, pad_id, eos_id, stop)
+                for ids, budget, stop in zip(prompts, budgets, stops)]  # fmt: skip
+    from transformers import DynamicCache
+
+    decoder = decoder_of(model)
+    cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    device = runtime.device
+    width = max(len(ids) for ids in prompts)
+    first, cache = [], DynamicCache(config=model.config)
+    parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in cache.layers]
+    for ids in prompts:
+        logits, own = _prefill(model, runtime, ids)
+        first.append(logits)
+        for mine, theirs in zip(parts, own.layers):  # left padding to the longest prompt
+            pad = (0, 0, width - len(ids), 0)
+            mine.append((torch.nn.functional.pad(theirs.keys, pad), torch.nn.functional.pad(theirs.values, pad)))
+        del own
+    for layer, pieces in enumerate(parts):
+        cache.layers[layer].update(torch.cat([k for k, _ in pieces]), torch.cat([v for _, v in pieces]))
+    del parts
+    logits = torch.stack(first)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for row, ids in enumerate(prompts):
+        mask[row, width - len(ids) :] = 1
+    last = torch.tensor([len(ids) - 1 for ids in prompts], device=device)
+    new: list[list[int]] = [[] for _ in prompts]
+    going = list(range(len(prompts)))  # the prompt of each batch row
+    for step in range(max(budgets)):
+        tokens = logits.argmax(-1).tolist()
+        keep = []
+        for row, (index, token) in enumerate(zip(going, tokens)):
+            new[index].append(token)
+            stop = stops[index]
+            done = (eos_id is not None and token == eos_id) or step + 1 >= budgets[index]
+            if not (done or (stop is not None and stop(new[index]))):
+                keep.append(row)
+        if not keep:
+            break
+        if len(keep) < len(going):  # the finished prompts leave the batch
+            rows = torch.tensor(keep, device=device)
+            cache.batch_select_indices(rows)
+            mask, last = mask[rows], last[rows]
+            tokens = [tokens[row] for row in keep]
+            going = [going[row] for row in keep]
+        mask = torch.cat([mask, mask.new_ones((len(going), 1))], dim=-1)
+        last = last + 1
+        step_ids = torch.tensor(tokens, device=device)[:, None]
+        hidden = decoder(input_ids=step_ids, attention_mask=mask, position_ids=last[:, None], use_cache=True,
+                         **{cache_arg: cache}).last_hidden_state  # fmt: skip
+        logits = _head_logits(model, hidden[:, -1])
+    return new

@@ -1,17 +1,21 @@
 """RULER's synthetic long-context tasks (retrieval, multi-hop tracing, aggregation) under any sequence-parallel backend.
 
-    python eval_ruler.py --model out/demo/model --lengths 512,1024 --num_samples 2        # one process
+    python eval_ruler.py --model out/demo/extended --lengths 512,1024 --num_samples 2        # one process
     python eval_ruler.py --model M --lengths 4096,8192,16384,32768,65536 --kernel fa4      # one GPU
     accelerate launch --config_file accelerate_configs/single_node.yaml eval_ruler.py --model M \\
         --lengths 131072 --parallel_mode zigzag_ring_attn                                  # the prefill over 8 GPUs
+    python eval_ruler.py --tokenizer M --prompts_only prompts.jsonl --lengths 4096        # the prompts, no model
 
-Every prompt is generated locally from the task definitions (easy_context/eval/ruler/tasks.py; no downloads) to a
-target token count with the model's tokenizer. The answer is generated greedily after an SP prefill, with a KV cache
-that stays sharded over the ranks, and scored as RULER does (the share of the expected strings in the output).
-Generation stops at EOS, at the task's token budget, or once every expected string is in the output (the score
-cannot change after that). ``--scoring teacher_forced`` scores each expected string by teacher-forced exact match
-instead. Writes results.csv, results.json (scores per task x length, the average, the effective length), summary.md
-and ruler.png into --output-dir. Installed: easy-context-eval-ruler (or python -m easy_context.eval.run_ruler).
+Every prompt is generated locally as NVIDIA's RULER generator defines it (easy_context/eval/ruler/tasks.py; no
+downloads) with the model's tokenizer, so that prompt + the task's tokens_to_generate fit the length, in the model's
+template (``--template``: the chat template for a tokenizer that has one, else RULER's "base": the prompt then the
+answer prefix). The answer is generated greedily after an SP prefill, with a KV cache that stays sharded over the
+ranks, and scored as RULER does (the share of the expected strings in the output). Generation stops at EOS, at the
+task's token budget, or once every expected string is in the output (the score cannot change after that).
+``--scoring teacher_forced`` scores each expected string by teacher-forced exact match instead. Writes results.csv,
+results.json (scores per task x length with their 95 % intervals, the average over 11 of RULER's 13 tasks, the
+effective length), summary.md and ruler.png into --output-dir. Installed: easy-context-eval-ruler (or python -m
+easy_context.eval.run_ruler).
 """
 
 from __future__ import annotations
@@ -28,17 +32,34 @@ from tqdm import tqdm
 from easy_context import cli
 from easy_context.core.registry import option_values
 from easy_context.data import load_tokenizer
-from easy_context.eval.forward import greedy_generate, logits_at
+from easy_context.eval.forward import can_batch_generate, greedy_generate, greedy_generate_batch, logits_at
 from easy_context.eval.haystack import read_haystack_text
 from easy_context.eval.plots import ruler_figure
 from easy_context.eval.results import write_csv, write_json
 from easy_context.eval.ruler import DEFAULT_TASKS, TASKS, make_case
-from easy_context.eval.ruler.scoring import all_found, averages, effective_length, native_score, string_match_all, table
+from easy_context.eval.ruler.scoring import (
+    RULER_THRESHOLD,
+    RULER_THRESHOLD_SOURCE,
+    all_found,
+    average_intervals,
+    averages,
+    counts,
+    effective_length,
+    native_score,
+    samples_for,
+    string_match_all,
+    table,
+    wilson,
+)
+from easy_context.eval.ruler.tasks import RULER_TASK_COUNT, unit_name
+from easy_context.eval.ruler.vocab import english_words, key_pairs
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import answer_split
 from easy_context.eval.tokens import adds_bos, encode, unlimited
 from easy_context.models import PRESETS, missing_local_path
 from easy_context.training.process_exit import run_program
+
+DEFAULT_SAMPLES = 100  # a cell's 95 % interval is then at most +-0.1 (Wilson; 93 would do, RULER uses 500)
 
 
 def _int_list(text: str) -> list[int]:
@@ -51,39 +72,85 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _score(text: str) -> float:
+    """argparse type: a score threshold in [0, 1] (RULER's 85.6 % is 0.856)."""
+    rule = "a score in [0, 1] (RULER's 85.6 % is 0.856)"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {rule}, got {text!r}") from None
+    if not 0 <= value <= 1:  # NaN fails it too
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+    return value
+
+
+def average_label(tasks: list[str]) -> str:
+    """How the average is named wherever it is shown: RULER's average is over 13 tasks, ours over those evaluated."""
+    return f"average of {len(tasks)} of RULER's {RULER_TASK_COUNT} tasks"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.ArgumentParser(description=__doc__)
-    p.add_argument(
-        "--model", required=True, help=f"hub id, local checkpoint, or a random-init preset: {', '.join(PRESETS)}"
-    )
+    p.add_argument("--model", default=None,
+                   help=f"hub id, local checkpoint, or a random-init preset: {', '.join(PRESETS)} (not needed with "
+                        "--prompts_only)")  # fmt: skip
     p.add_argument("--lengths", type=_int_list, default=_int_list("4096,8192,16384,32768"),
-                   help="comma-separated prompt sizes in tokens (default 4096,8192,16384,32768)")  # fmt: skip
+                   help="comma-separated lengths in tokens: prompt + tokens_to_generate <= length "
+                        "(default 4096,8192,16384,32768)")  # fmt: skip
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help=f"comma-separated, or 'all' (default: RULER's {len(DEFAULT_TASKS)} offline tasks); known: "
                         f"{', '.join(TASKS)}")  # fmt: skip
-    p.add_argument("--num_samples", type=int, default=10, help="prompts per task and length")
+    p.add_argument("--num_samples", type=cli.positive_int, default=DEFAULT_SAMPLES,
+                   help=f"prompts per task and length ({samples_for(0.1)}+: a cell's 95 %% interval within +-0.1; "
+                        "RULER: 500)")  # fmt: skip
     p.add_argument("--haystack_dir", default="PaulGrahamEssays", help=".txt files: the essay haystack")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    p.add_argument("--template", choices=["auto", "base", "chat"], default="auto",
+                   help="the prompt format: chat (the tokenizer's chat template, for instruct models), base (RULER's "
+                        "for base models: the prompt then the answer prefix); auto: chat when the tokenizer has a "
+                        "chat template")  # fmt: skip
+    p.add_argument("--chat", action="store_true", help="same as --template chat")
+    p.add_argument("--prompts_only", default=None, metavar="OUT.jsonl",
+                   help="write every prompt (task, length, token count, tokens_to_generate, answers) and stop: no "
+                        "model is loaded; needs --tokenizer (or --model)")  # fmt: skip
+    p.add_argument("--batch_size", type=cli.positive_int, default=1,
+                   help="prompts of one length decoded together (data parallel with the model's own attention, "
+                        "--kernel auto): each prefilled alone, then one forward a step for all; memory grows with "
+                        "it")  # fmt: skip
     p.add_argument("--scoring", choices=["generate", "teacher_forced"], default="generate",
                    help="generate (RULER's): greedy output contains the answers; teacher_forced: each answer's "
                         "tokens are the argmax after the answer prefix")  # fmt: skip
-    p.add_argument("--max_new_tokens", type=int, default=None, help="cap every task's generation budget")
-    p.add_argument("--threshold", type=float, default=None, help="effective-length threshold on the average (0..1)")
+    p.add_argument("--max_new_tokens", type=cli.positive_int, default=None,
+                   help="cap every task's generation budget (RULER's: 128 NIAH, 30 VT, 120 CWE, 50 FWE; a lower cap "
+                        "is recorded in results.json; the prompts still leave RULER's budget free)")  # fmt: skip
+    p.add_argument(
+        "--threshold",
+        type=_score,
+        default=None,
+        help=f"the effective length's threshold on the average (default {RULER_THRESHOLD}: RULER's)",
+    )
     p.add_argument(
         "--threshold_from",
         default=None,
         metavar="RESULTS_JSON",
-        help="take the threshold from another run (its average at its native length: the base model)",
+        help="also report the effective length against another run's average at its native length (the base model)",
     )
     p.add_argument(
         "--native_length",
-        type=int,
+        type=cli.positive_int,
         default=None,
-        help="the length the model was trained at (default: its max_position_embeddings)",
+        help="the length the model was trained at (default: its max_position_embeddings); its average there is "
+        "what --threshold_from reads from this run",
     )
     p.add_argument("--output-dir", "--output_dir", default=None, help="default out/eval_ruler/<model name>")
     add_runtime_args(p)
+    cli.retype(p, rope_theta=cli.positive_float, seed=cli.non_negative_int)
     args = p.parse_args(argv)
+    if args.chat:
+        if args.template == "base":
+            p.error("--chat and --template base contradict each other")
+        args.template = "chat"
+    if not args.model and not (args.prompts_only and args.tokenizer):
+        p.error("--model is required (or --prompts_only OUT.jsonl with --tokenizer)")
     for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
         missing = missing_local_path(name or "", flag)
         if missing:
@@ -98,21 +165,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [t for t in args.tasks if t not in TASKS]
     if unknown or not args.tasks:
         p.error(f"unknown task(s) {unknown}; choose from {', '.join(TASKS)} (or 'all')")
-    if args.num_samples < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
-        p.error("--num_samples and --max_new_tokens must be >= 1")
-    if args.threshold is not None and not 0 <= args.threshold <= 1:
-        p.error(f"--threshold is a score in [0, 1], got {args.threshold}")
-    if args.output_dir is None:
+    if args.output_dir is None and args.model:
         args.output_dir = os.path.join("out", "eval_ruler", os.path.basename(os.path.normpath(args.model)))
     return args
 
 
-def prompt_wrapper(tokenizer, chat: bool):
-    """``wrap(body, answer_prefix)`` -> the model input text, and whether to put the BOS token in front."""
-    if not chat:
-        return (lambda body, prefix: body + prefix), adds_bos(tokenizer)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--chat: this tokenizer has no chat template; drop --chat (plain prompts)")
+def prompt_wrapper(tokenizer, template: str):
+    """``(wrap, bos, name)``: ``wrap(body, answer_prefix)`` -> the model input text, whether to put the BOS token in
+    front, and the template used (``auto`` resolved: chat when the tokenizer has a chat template, else base)."""
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    if template == "auto":
+        template = "chat" if has_chat else "base"
+    if template == "base":  # RULER's "base" template: the task prompt, the answer prefix right after it
+        return (lambda body, prefix: body + prefix), adds_bos(tokenizer), "base"
+    if not has_chat:
+        raise ValueError("--template chat: this tokenizer has no chat template; use --template base")
     prefix_text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
                                                 add_generation_prompt=True)  # fmt: skip
     bos = adds_bos(tokenizer) and not (tokenizer.bos_token and prefix_text.startswith(tokenizer.bos_token))
@@ -120,17 +187,40 @@ def prompt_wrapper(tokenizer, chat: bool):
     def wrap(body: str, prefix: str) -> str:
         messages = [{"role": "user", "content": body}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return text + prefix.lstrip()
+        return text + prefix  # RULER puts the answer prefix right after the model's template, as is
 
-    return wrap, bos
+    return wrap, bos, "chat"
 
 
-def score_generated(model, runtime, tokenizer, ids: list[int], case, pad_id: int, cap: int | None) -> dict:
-    budget = min(case.max_new_tokens, cap) if cap else case.max_new_tokens
+def score_generated(model, runtime, tokenizer, ids: list[int], case, pad_id: int, budget: int) -> dict:
     new = greedy_generate(model, runtime, ids, budget, pad_id, tokenizer.eos_token_id,
                           stop=lambda tokens: all_found(tokenizer.decode(tokens), case.answers))  # fmt: skip
     output = tokenizer.decode(new, skip_special_tokens=True)
     return {"score": string_match_all(output, case.answers), "output": output, "new_tokens": len(new)}
+
+
+def score_generated_batch(model, runtime, tokenizer, prompts: list[list[int]], cases, pad_id: int,
+                          budgets: dict[str, int]) -> list[dict]:  # fmt: skip
+    """:func:`score_generated` of prompts generated together (:func:`greedy_generate_batch`)."""
+    stops = [lambda tokens, answers=case.answers: all_found(tokenizer.decode(tokens), answers) for case in cases]
+    outputs = greedy_generate_batch(model, runtime, prompts, [budgets[case.task] for case in cases], pad_id,
+                                    tokenizer.eos_token_id, stops)  # fmt: skip
+    results = []
+    for case, new in zip(cases, outputs):
+        output = tokenizer.decode(new, skip_special_tokens=True)
+        results.append({"score": string_match_all(output, case.answers), "output": output, "new_tokens": len(new)})
+    return results
+
+
+def batches(indices: list[int], lengths: list[int], size: int) -> list[list[int]]:
+    """``indices`` in runs of at most ``size`` consecutive ones with one length (``lengths[index]``)."""
+    out: list[list[int]] = []
+    for index in indices:
+        if out and len(out[-1]) < size and lengths[out[-1][0]] == lengths[index]:
+            out[-1].append(index)
+        else:
+            out.append([index])
+    return out
 
 
 def score_teacher_forced(model, runtime, tokenizer, case, bos: bool, pad_id: int) -> dict:
@@ -160,35 +250,92 @@ def threshold_file_problem(path: str) -> str | None:
     return None
 
 
-def threshold_of(args, average: dict[int, float], native: int) -> tuple[float | None, str]:
-    """The effective-length threshold and where it came from."""
-    if args.threshold is not None:
-        return args.threshold, "--threshold"
+def thresholds(args, average: dict[int, float]) -> dict:
+    """The effective length at RULER's threshold (or --threshold), and against the base's when --threshold_from."""
+    threshold = RULER_THRESHOLD if args.threshold is None else args.threshold
+    out = {
+        "threshold": threshold,
+        "threshold_source": RULER_THRESHOLD_SOURCE if args.threshold is None else "--threshold",
+        "effective_length": effective_length(average, threshold),
+    }
     if args.threshold_from:
         with open(args.threshold_from, encoding="utf-8") as f:
             other = json.load(f)
-        return float(other["native_score"]), f"{args.threshold_from} (its average at {other['native_length']})"
-    found = native_score(average, native)
-    if found is None:
-        return None, f"no length <= the native {native} evaluated: pass --threshold or --threshold_from"
-    return found[1], f"this model's average at {found[0]} (native length {native})"
+        at = other.get("native_score_length", other.get("native_length"))
+        base = float(other["native_score"])
+        out |= {"base_threshold": base, "base_threshold_source": f"{args.threshold_from} (its average at {at})",
+                "effective_length_vs_base": effective_length(average, base)}  # fmt: skip
+    return out
+
+
+def generation_budgets(tasks, cap: int | None) -> tuple[dict[str, int], str]:
+    """Each task's generation budget (RULER's, or ``cap`` where lower) and a note naming the tasks it cut."""
+    budgets = {t.name: min(t.max_new_tokens, cap) if cap else t.max_new_tokens for t in tasks}
+    cut = [f"{t.name} {budgets[t.name]} < {t.max_new_tokens}" for t in tasks if budgets[t.name] < t.max_new_tokens]
+    note = f"--max_new_tokens {cap} generates less than RULER's tokens_to_generate: {', '.join(cut)}" if cut else ""
+    return budgets, note
+
+
+def _cell(value: float, interval) -> str:
+    return f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def _length_name(n: int | None) -> str:
+    return "none" if n is None else str(n)
 
 
 def summary_markdown(summary: dict) -> str:
     lengths = sorted({n for row in summary["scores"].values() for n in map(int, row)})
     head = "| task | " + " | ".join(str(n) for n in lengths) + " |"
     lines = [f"# RULER: {summary['model']}", "", head, "|" + " --- |" * (len(lengths) + 1)]
+    intervals = summary.get("intervals", {})
     for task, row in summary["scores"].items():
-        lines.append(f"| {task} | " + " | ".join(f"{row.get(str(n), row.get(n, float('nan'))):.2f}"
-                                                   for n in lengths) + " |")  # fmt: skip
-    avg = summary["average"]
-    lines.append("| **average** | " + " | ".join(f"**{avg[str(n)]:.2f}**" if str(n) in avg else "-"
-                                                  for n in lengths) + " |")  # fmt: skip
-    lines += ["", f"Effective length: **{summary['effective_length']}** (threshold {summary['threshold']}, "
-              f"{summary['threshold_source']}); {summary['prompts']} prompts, {summary['seconds']} s, "
-              f"{summary['parallel_mode']} on {summary['processes']} process(es), "
-              f"scoring {summary['scoring']}."]  # fmt: skip
+        cells = []
+        for n in lengths:
+            value = row.get(str(n))
+            bounds = intervals.get(task, {}).get(str(n))
+            cells.append("-" if value is None else _cell(value, bounds) if bounds else f"{value:.2f}")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    avg, avg_int = summary["average"], summary.get("average_interval", {})
+    label = summary.get("average_label", "average")
+    lines.append(f"| **{label}** | " + " | ".join(
+        f"**{_cell(avg[str(n)], avg_int[str(n)]) if str(n) in avg_int else format(avg[str(n)], '.2f')}**"
+        if str(n) in avg else "-" for n in lengths) + " |")  # fmt: skip
+    samples = sorted({m for row in summary.get("samples", {}).values() for m in row.values()})
+    lines += ["", f"95 % intervals in brackets (Wilson; {'/'.join(map(str, samples))} prompts a cell). QA (SQuAD, "
+              f"HotpotQA) is not evaluated: the average is not RULER's 13-task average.", "",
+              f"Effective length: **{_length_name(summary['effective_length'])}** (the longest length whose average "
+              f"is >= {summary['threshold']}; threshold {summary['threshold_source']})."]  # fmt: skip
+    if "base_threshold" in summary:
+        lines.append(f"Against the base: **{_length_name(summary['effective_length_vs_base'])}** (threshold "
+                     f"{summary['base_threshold']:.3f}, {summary['base_threshold_source']}).")  # fmt: skip
+    if summary.get("generation_note"):
+        lines.append(f"Not RULER's generation budget: {summary['generation_note']}.")
+    lines.append(f"Template {summary.get('template', '?')}; native length {summary['native_length']}; "
+                 f"{summary['prompts']} prompts, {summary['seconds']} s, {summary['parallel_mode']} on "
+                 f"{summary['processes']} process(es), scoring {summary['scoring']}.")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def write_prompts(args, tasks, tokenizer, essay_words) -> int:
+    """--prompts_only: every prompt as one JSON line; no model. Returns the number written."""
+    wrap, bos, template = prompt_wrapper(tokenizer, args.template)
+    written = 0
+    os.makedirs(os.path.dirname(os.path.abspath(args.prompts_only)), exist_ok=True)
+    with open(args.prompts_only, "w", encoding="utf-8") as f:
+        for length in args.lengths:
+            for task in tasks:
+                for sample in range(args.num_samples):
+                    case = make_case(task, length, sample, lambda text: len(encode(tokenizer, text, bos)), wrap,
+                                     essay_words, args.seed)  # fmt: skip
+                    tokens = len(encode(tokenizer, case.text, bos))
+                    f.write(json.dumps({"task": task.name, "length": length, "sample": sample, "template": template,
+                                        "tokens": tokens, "tokens_to_generate": case.max_new_tokens,
+                                        "answers": case.answers, "units": case.units, "unit": unit_name(task),
+                                        "deviation": case.deviation, "bos": bos, "text": case.text},
+                                       ensure_ascii=False) + "\n")  # fmt: skip
+                    written += 1
+    return written
 
 
 def main(argv=None) -> None:
@@ -196,18 +343,29 @@ def main(argv=None) -> None:
     tasks = [TASKS[name] for name in args.tasks]
     try:
         essay_words = read_haystack_text(args.haystack_dir).split() if any(t.needs_essays for t in tasks) else None
+        if any(t.needs_word_lists for t in tasks):  # before any model loads: the one-line install hint
+            english_words()
+            key_pairs()
+        if args.prompts_only:
+            tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
+            written = write_prompts(args, tasks, tokenizer, essay_words)
+            print(f"wrote {written} prompts to {args.prompts_only}")
+            return
         runtime = init_runtime(args.parallel_mode, args.kernel, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
-        wrap, bos = prompt_wrapper(tokenizer, args.chat)
+        wrap, bos, template = prompt_wrapper(tokenizer, args.template)
         model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args)
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     native = args.native_length or getattr(model.config, "max_position_embeddings", None) or max(args.lengths)
+    budgets, budget_note = generation_budgets(tasks, args.max_new_tokens)
     runtime.print(
         f"eval_ruler: {args.model} | {runtime.seq_algo} on {runtime.world_size} process(es) | {len(tasks)} tasks x "
-        f"{len(args.lengths)} lengths x {args.num_samples} samples | scoring {args.scoring}"
+        f"{len(args.lengths)} lengths x {args.num_samples} samples | template {template} | scoring {args.scoring}"
     )
+    if budget_note:
+        runtime.print(f"eval_ruler: {budget_note} (scores are not comparable with RULER's)")
 
     def count(text: str) -> int:
         return len(encode(tokenizer, text, bos))
@@ -220,52 +378,77 @@ def main(argv=None) -> None:
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     partial = os.path.join(args.output_dir, f"rows.rank{rank}.jsonl")  # each row as it lands (for a cut run)
     open(partial, "w").close()
-    for index in tqdm(mine, desc="ruler prompts", disable=not runtime.is_main, file=sys.stderr):
-        task, length, sample = cells[index]
+    batch = args.batch_size if args.scoring == "generate" and can_batch_generate(model, runtime) else 1
+    if batch < args.batch_size:
+        runtime.print("eval_ruler: --batch_size needs data parallel with the model's own attention (--kernel auto) "
+                      "and --scoring generate: one prompt at a time")  # fmt: skip
+    progress = tqdm(total=len(mine), desc="ruler prompts", disable=not runtime.is_main, file=sys.stderr)
+    for group in batches(mine, [length for _, length, _ in cells], batch):
         t0 = time.time()
-        try:
-            case = make_case(task, length, sample, count, wrap, essay_words, args.seed)
-        except ValueError as exc:
-            sys.exit(f"error: {task.name} at {length} tokens: {exc}")
-        ids = encode(tokenizer, case.text, bos)
-        if length not in warned:
-            warned.add(length)
-            message = position_warning(model.config, len(ids) + case.max_new_tokens, args.model)
-            if message:
-                runtime.print(message)
+        cases, prompts = [], []
+        for index in group:
+            task, length, sample = cells[index]
+            try:
+                cases.append(make_case(task, length, sample, count, wrap, essay_words, args.seed))
+            except (RuntimeError, ValueError) as exc:
+                sys.exit(f"error: {task.name} at {length} tokens: {exc}")
+            prompts.append(encode(tokenizer, cases[-1].text, bos))
+            if length not in warned:
+                warned.add(length)
+                message = position_warning(model.config, len(prompts[-1]) + cases[-1].max_new_tokens, args.model)
+                if message:
+                    runtime.print(message)
         with torch.no_grad():
-            if args.scoring == "generate":
-                result = score_generated(model, runtime, tokenizer, ids, case, pad_id, args.max_new_tokens)
+            if args.scoring == "teacher_forced":
+                results = [score_teacher_forced(model, runtime, tokenizer, case, bos, pad_id) for case in cases]
+            elif batch > 1:
+                results = score_generated_batch(model, runtime, tokenizer, prompts, cases, pad_id, budgets)
             else:
-                result = score_teacher_forced(model, runtime, tokenizer, case, bos, pad_id)
-        rows.append({"task": task.name, "length": length, "sample": sample, **result,
-                     "answers": " | ".join(case.answers), "prompt_tokens": len(ids), "units": case.units,
-                     "seconds": round(time.time() - t0, 3)})  # fmt: skip
-        with open(partial, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rows[-1]) + "\n")
+                results = [score_generated(model, runtime, tokenizer, ids, case, pad_id, budgets[case.task])
+                           for ids, case in zip(prompts, cases)]  # fmt: skip
+        seconds = round((time.time() - t0) / len(group), 3)  # a batch's time shared by its prompts
+        for case, ids, result in zip(cases, prompts, results):
+            rows.append({"task": case.task, "length": case.length, "sample": case.sample, **result,
+                         "answers": " | ".join(case.answers), "prompt_tokens": len(ids),
+                         "tokens_to_generate": case.max_new_tokens, "units": case.units,
+                         "deviation": case.deviation, "seconds": seconds})  # fmt: skip
+            with open(partial, "a", encoding="utf-8") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
+        progress.update(len(group))
+    progress.close()
     rows = sorted(runtime.gather_objects(rows), key=lambda r: (r["task"], r["length"], r["sample"]))
 
     if runtime.is_main:
-        scores = table(rows)
+        scores, samples = table(rows), counts(rows)
         in_average = [t.name for t in tasks if t.in_average]
         average = averages(scores, in_average)
-        threshold, source = threshold_of(args, average, native)
         found = native_score(average, native)
+        label = average_label(in_average)
         summary = {
             "model": args.model,
             "parallel_mode": runtime.seq_algo,
             "processes": runtime.world_size,
             "scoring": args.scoring,
+            "template": template,
             "tasks": args.tasks,
             "lengths": args.lengths,
             "scores": {task: {str(n): v for n, v in row.items()} for task, row in scores.items()},
+            "samples": {task: {str(n): v for n, v in row.items()} for task, row in samples.items()},
+            "intervals": {
+                task: {str(n): list(wilson(v, samples[task][n])) for n, v in row.items()}
+                for task, row in scores.items()
+            },
             "average": {str(n): v for n, v in average.items()},
+            "average_interval": {str(n): list(v) for n, v in average_intervals(average, samples, in_average).items()},
             "average_tasks": in_average,
-            "native_length": found[0] if found else None,
+            "average_label": label,
+            "native_length": native,
+            "native_score_length": found[0] if found else None,
             "native_score": found[1] if found else None,
-            "threshold": threshold,
-            "threshold_source": source,
-            "effective_length": effective_length(average, threshold) if threshold is not None else None,
+            **thresholds(args, average),
+            "tokens_to_generate": {t.name: t.max_new_tokens for t in tasks},
+            "generation_budget": budgets,
+            "generation_note": budget_note,
             "prompts": len(rows),
             "seconds": round(time.time() - start, 1),
             "args": vars(args),
@@ -275,8 +458,9 @@ def main(argv=None) -> None:
         write_json(summary, os.path.join(args.output_dir, "results.json"))
         with open(os.path.join(args.output_dir, "summary.md"), "w", encoding="utf-8") as f:
             f.write(summary_markdown(summary))
-        png = ruler_figure(scores, average, os.path.join(args.output_dir, "ruler.png"),
-                           title=os.path.basename(os.path.normpath(args.model)), threshold=threshold)  # fmt: skip
+        title = f"{os.path.basename(os.path.normpath(args.model))} ({label})"
+        png = ruler_figure(scores, average, os.path.join(args.output_dir, "ruler.png"), title=title,
+                           threshold=summary["threshold"])  # fmt: skip
         print(summary_markdown(summary), end="")
         print(f"results: {os.path.join(args.output_dir, 'results.csv')}; figure: {png}")
     torch.distributed.barrier()

@@ -1,10 +1,11 @@
 """RULER's synthetic long-context tasks (Hsieh et al., arXiv 2404.06654), generated locally, scored by generation.
 
-* :mod:`.vocab` — made-up words, keys, values (numbers, words, UUIDs) and variable names, from a seeded RNG.
+* :mod:`.vocab` — English words (wonderwords' lists), keys, values (numbers, word pairs, UUIDs), FWE's coded words and
+  variable names, from a seeded RNG.
 * :mod:`.tasks` — the task definitions (retrieval, multi-hop tracing, aggregation) and one prompt per
-  (task, length, sample), built to a target token count.
-* :mod:`.fit` — the prompt's size search (the largest haystack whose prompt stays within the target).
-* :mod:`.scoring` — RULER's metric (share of expected strings in the output) and the effective length.
+  (task, length, sample), built as NVIDIA's generator builds it to RULER's token budget.
+* :mod:`.fit` — the prompt's size search (the largest haystack whose prompt stays within the budget).
+* :mod:`.scoring` — RULER's metric (share of expected strings in the output), 95 % intervals, the effective length.
 
 The program is :mod:`easy_context.eval.run_ruler` (``eval_ruler.py``, ``easy-context-eval-ruler``).
 """

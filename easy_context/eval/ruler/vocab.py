@@ -1,22 +1,52 @@
-"""Made-up words and values for the RULER tasks, all drawn from one seeded ``random.Random``.
+"""Words and values for the RULER tasks, all drawn from one seeded ``random.Random``.
 
-Words are pronounceable letter strings (consonant-vowel syllables), so the aggregation tasks can hold tens of
-thousands of distinct words at 128K tokens with no word list to download, and a model cannot tell "common" from
-"rare" words by their spelling. Keys are ``word-word`` pairs as in RULER; values are 7-digit numbers, words or UUIDs.
+As in RULER, needle keys are real adjective-noun pairs ("quizzical-lamp") and the common-words task lists real English
+words, both from the word lists that ship inside the ``wonderwords`` wheel (nouns, adjectives, verbs; MIT licensed,
+read from the installed package, never downloaded at run time). Values are 7-digit numbers, word pairs or UUIDs;
+FWE's coded words are random 6-letter strings; variable names are uppercase letters.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 import uuid
+from importlib import resources
 
+WONDERWORDS_PIN = "wonderwords==3.0.1"
 _CONSONANTS = "bcdfghjklmnprstvwz"
 _VOWELS = "aeiou"
 
 
+@functools.cache
+def word_list(kind: str) -> tuple[str, ...]:
+    """The wonderwords list ``kind`` ("noun", "adjective" or "verb"), as shipped (one entry per line)."""
+    try:
+        text = resources.files("wonderwords.assets").joinpath(f"{kind}list.txt").read_text(encoding="utf-8")
+    except ModuleNotFoundError:
+        raise RuntimeError(
+            f"RULER's keys and common words are English words from the wonderwords package: pip install "
+            f"{WONDERWORDS_PIN}"
+        ) from None
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+@functools.cache
+def key_pairs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(adjectives, nouns): a key is one of each joined by a hyphen."""
+    return tuple(sorted(set(word_list("adjective")))), tuple(sorted(set(word_list("noun"))))
+
+
+@functools.cache
+def english_words() -> tuple[str, ...]:
+    """Nouns, adjectives and verbs, deduplicated and sorted (the common-words task's vocabulary)."""
+    return tuple(sorted(set(word_list("noun")) | set(word_list("adjective")) | set(word_list("verb"))))
+
+
 def made_up_word(rng: random.Random, syllables: tuple[int, int] = (2, 3)) -> str:
-    """A lowercase word of ``syllables`` consonant-vowel syllables (sometimes closed by a consonant)."""
+    """A lowercase word of ``syllables`` consonant-vowel syllables (sometimes closed by a consonant): the common-words
+    list's words once it needs more than the English lists hold."""
     count = rng.randint(*syllables)
     word = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(count))
     return word + (rng.choice("nrst") if rng.random() < 0.3 else "")
@@ -35,8 +65,9 @@ def distinct(rng: random.Random, make, count: int, avoid: set[str] | None = None
 
 
 def key_words(rng: random.Random) -> str:
-    """A needle key as RULER writes them: two words joined by a hyphen."""
-    return f"{made_up_word(rng)}-{made_up_word(rng)}"
+    """A needle key (or word value) as RULER writes them: an adjective and a noun joined by a hyphen."""
+    adjectives, nouns = key_pairs()
+    return f"{rng.choice(adjectives)}-{rng.choice(nouns)}"
 
 
 def number(rng: random.Random, digits: int = 7) -> str:
@@ -47,9 +78,14 @@ def uuid_value(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def variable_name(rng: random.Random) -> str:
-    """Five uppercase letters (RULER's variable-tracking names)."""
-    return "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
+def coded_word(rng: random.Random, letters: int = 6) -> str:
+    """FWE's coded word: ``letters`` random lowercase letters."""
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(letters))
+
+
+def variable_name(rng: random.Random, letters: int = 5) -> str:
+    """Uppercase letters (RULER's variable-tracking names: 5, or 3 in its worked example)."""
+    return "".join(rng.choice(string.ascii_uppercase) for _ in range(letters))
 
 
 KEYS = {"words": key_words, "uuids": uuid_value}
