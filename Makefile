@@ -1,4 +1,5 @@
-# Two commands on a fresh machine:  `make demo`  and  `make test`. Each creates .venv and installs what it needs.
+# Two commands on a fresh machine:  `make demo`  and  `make test`. Each creates .venv and installs what it needs:
+# the demo its runtime only (requirements.txt), the tests that plus their toolchain (requirements-dev.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
@@ -7,11 +8,17 @@ export WANDB_MODE := offline
 
 .PHONY: demo test lint
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+# the demo's runtime: torch (CPU), transformers, accelerate, datasets, matplotlib, and the package itself
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# + the test toolchain (pytest, ruff, DeepSpeed, trl, tensorboard, gguf) and the torchao extras
+$(VENV)/.installed: $(VENV)/.runtime requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps --target $(VENV)/extras torchao==0.18.0
 	@# DeepSpeed's CPU ops (ZeRO-Offload's DeepSpeedCPUAdam, the shared-memory collectives) are C++ that DeepSpeed
 	@# JIT-builds on first use (~40-190 s on 2 cores): built here once, into the cache `make test` points the tests at
@@ -19,7 +26,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	get_accelerator as a; [a().create_op_builder(n).load() for n in ('CPUAdamBuilder', 'ShareMemCommBuilder')]" >/dev/null
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.runtime
 	$(PY) bench/cpu_sp_demo.py
 	PY=$(PY) bash train_scripts/demo_cpu.sh
 

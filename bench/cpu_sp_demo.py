@@ -3,7 +3,8 @@
     python bench/cpu_sp_demo.py [--world 2] [--seq 2048] [--heads 8] [--heads-kv 2] [--head-dim 64]
 
 Prints, per backend: the largest relative error of the output and of dq/dk/dv over all ranks, and the
-forward+backward time of the distributed call (median of 3). This is `make demo` until train.py exists.
+forward+backward time of the distributed call (median of 3). `make demo` runs it first (the attention alone, in
+seconds), then train_scripts/demo_cpu.sh (the extension experiment).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Functional API::
 
     import easy_context as ec
     ec.SEQ_ALGOS                                              # backend names
-    ec.extract_local(seq_algo, value, rank, world_size, dim=1)  # this rank's shard
+    ec.extract_local(seq_algo, value, rank, world_size, dim=1, **options)  # this rank's shard (same options)
     attn = ec.get_attn_func(seq_algo, kernel="auto", **options)
     out = attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None)
     out = attn(q, k, v, position_ids=local_position_ids)      # packed documents (docs/documents.md)

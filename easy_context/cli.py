@@ -8,12 +8,19 @@
 
 Each long option is registered with dashes and with underscores (one ``dest``: argparse's, from the first
 spelling given); ``--help`` lists the spellings a script declares, with a note that the other one works too.
+A bad value is one line and exit code 2; the numeric types below (``positive_int``, ``non_negative_int``,
+``positive_float``, ``non_negative_float``, ``fraction``, ``decay_rate``) refuse what a flag cannot mean:
+
+    p.add_argument("--batch-size", type=cli.positive_int, default=1)   # --batch-size 0: "must be an integer >= 1"
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
+from collections.abc import Callable
 
 SPELLING_NOTE = "Every --long-flag is also accepted with underscores (--seq_length = --seq-length), and vice versa."
 
@@ -49,6 +56,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         default = action.default
         if (
             "%(default)" in help
+            or "(default" in help  # the help states it already, in its own words
             or default is None
             or default is False
             or default is argparse.SUPPRESS
@@ -68,6 +76,119 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         if action.nargs == 0:
             return shown
         return f"{shown} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
+def _number(kind: type, text: str, rule: str, ok: Callable[[float], bool]) -> int | float:
+    """``kind(text)`` when it is a finite number that passes ``ok``; else argparse's error naming the rule."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {rule}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):  # NaN fails every comparison: refused here too
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count, a length, a step number)."""
+    return _number(int, text, "an integer >= 1", lambda v: v >= 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (where 0 means "off" or "none", or a seed)."""
+    return _number(int, text, "an integer >= 0", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (a learning rate, a RoPE base)."""
+    return _number(float, text, "a number > 0", lambda v: v > 0)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (where 0 means "off")."""
+    return _number(float, text, "a number >= 0", lambda v: v >= 0)
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in (0, 1] (a share of something: a step of 0 would never advance)."""
+    return _number(float, text, "a number in (0, 1]", lambda v: 0 < v <= 1)
+
+
+def decay_rate(text: str) -> float:
+    """argparse type: a number in [0, 1) (Adam's betas: 1 would never forget, the moments' bias correction divides
+    by zero)."""
+    return _number(float, text, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def retype(parser: argparse.ArgumentParser, **types: Callable[[str], object]) -> None:
+    """Give flags declared elsewhere (a shared helper's) a checking type, by dest: ``retype(p, seed=positive_int)``."""
+    for action in parser._actions:
+        if action.dest in types:
+            action.type = types.pop(action.dest)
+    if types:
+        raise ValueError(f"no flags with dest {sorted(types)}")
+
+
+# A hub repo id: [org/]name of letters, digits, "-", "_", "." (no "--" or "..", no leading or trailing "-" or "."),
+# at most 96 characters a part (huggingface_hub's validate_repo_id).
+_HUB_PART = r"\w(?:[\w.-]{0,94}\w)?"
+_HUB_ID = re.compile(rf"(?:{_HUB_PART}/)?{_HUB_PART}")
+# Folder names that training runs write to: ``out/llama2-64k`` names a run's output, not user "out"'s model.
+LOCAL_FOLDER_NAMES = frozenset(
+    {"out", "output", "outputs", "checkpoints", "checkpoint", "ckpt", "ckpts", "runs", "run", "results", "saved",
+     "save", "tmp", "exp", "exps", "experiments", "logs", "data", "models", "model", "work", "scratch"}
+)  # fmt: skip
+
+
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set (as huggingface_hub reads them)."""
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in names)
+
+
+def hub_cache_dir() -> str:
+    """The hub cache folder, as huggingface_hub resolves it: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    $XDG_CACHE_HOME/huggingface/hub (default ~/.cache)."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"))
+
+
+def hub_cached(repo_id: str) -> bool:
+    """Whether the hub cache holds a snapshot of the model ``repo_id`` (what an offline run can load)."""
+    snapshots = os.path.join(hub_cache_dir(), "models--" + repo_id.replace("/", "--"), "snapshots")
+    return os.path.isdir(snapshots) and bool(os.listdir(snapshots))
+
+
+def model_source_error(name: str | None, flag: str = "--model") -> str | None:
+    """A one-line error when ``name`` (a ``--model`` / ``--tokenizer`` value) can be neither a local path nor a hub id,
+    decided without the network; None when it is an existing path, a preset, ``shape:<name>``, or a hub id worth
+    trying (in the hub cache when offline).
+
+    A name that does not exist here is refused, naming both readings, when it cannot be a hub id (its syntax, or its
+    first part is a local folder or a typical output folder such as ``out/``), or when the run is offline and the
+    hub cache lacks an ``org/name`` (transformers would fail later, after the tokenizer, with a traceback)."""
+    from .models import is_random_init, missing_local_path
+
+    if not name or is_random_init(name):
+        return None
+    missing = missing_local_path(name, flag)  # paths that only a folder can be (./x, /x, ~/x, a/b/c), GGUF files
+    if missing or os.path.exists(os.path.expanduser(name)):
+        return missing
+    local = f"{flag} {name}: no local folder of that name"
+    fix = "train or fetch it first, or pass an existing folder or a hub id org/name"
+    if not _HUB_ID.fullmatch(name) or "--" in name or ".." in name:
+        return f"{local}, and not a hub id (those look like org/name): {fix}"
+    org = name.split("/")[0] if "/" in name else None
+    if org is not None and os.path.isdir(org):
+        return f"{local} (though {org}/ is one here), so not read as a hub id: {fix}"
+    if org is not None and org.lower() in LOCAL_FOLDER_NAMES:
+        return f"{local}, and not read as a hub id ({org}/ is an output folder name, not a hub organization): {fix}"
+    if org is not None and hub_offline() and not hub_cached(name):  # bare names (gpt2): transformers' own error
+        return (f"{local}, and hub model {name} is not in the hub cache (offline: HF_HUB_OFFLINE or "
+                "TRANSFORMERS_OFFLINE is set): download it online once, or pass an existing folder")  # fmt: skip
+    return None
 
 
 def launched_rank() -> int | None:
@@ -94,12 +215,14 @@ class ArgumentParser(argparse.ArgumentParser):
         return _both_spellings(super().add_mutually_exclusive_group(*args, **kwargs))
 
     def error(self, message: str):
-        """In a launched run every rank parses the same flags and fails the same way: rank 0 prints the one-line
-        error (without the usage block, which the launcher's own report would bury), the other ranks exit quietly."""
-        rank = launched_rank()
-        if rank is None:
-            super().error(message)
-        if rank == 0:
+        """One line, exit code 2: ``prog: error: message (see prog --help)``, without the usage block (train.py's is
+        40 lines, and it would bury the error). In a launched run every rank parses the same flags and fails the same
+        way: rank 0 prints the line, the other ranks exit quietly."""
+        for action in self._actions:  # argparse names a flag by all its spellings: the first one is enough
+            names = getattr(action, "shown_option_strings", None) or action.option_strings
+            if len(action.option_strings) > 1:
+                message = message.replace(f"argument {'/'.join(action.option_strings)}:", f"argument {names[0]}:")
+        if launched_rank() in (None, 0):
             self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         self.exit(2)
 

@@ -44,7 +44,7 @@ from easy_context.loss import (
     resolve_loss_impl,
 )
 from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
-from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens, missing_local_path
+from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens
 from easy_context.sp_config import SPConfig, resolve_sp_config
 from easy_context.training import fp8, recipe
 from easy_context.training.compile import compile_regions
@@ -186,7 +186,8 @@ def main(argv=None) -> None:
         tracker.finish()  # the model still holds it, and freeing it later can deadlock (process_exit.py)
     if accelerator.is_main_process:
         what = "metrics in" if args.no_save else "saved"
-        print(f"{what} {args.output_dir} (final loss {logged:.4f}, {math.exp(min(logged, 50)):.1f} ppl)")
+        # the last step's loss on the tokens it trained (needle rows: only their answers), not an evaluation
+        print(f"{what} {args.output_dir} (final loss {logged:.4f}: the last step's, on its trained tokens)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,22 +202,6 @@ def step_timeout(text: str) -> str:
         return text
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--step-timeout {text!r}: ")) from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def seconds(text: str) -> float:
-    """argparse type: a number of seconds >= 0."""
-    value = float(text)
-    if not value >= 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
-    return value
 
 
 class PrintConfigPath(argparse.Action):
@@ -249,19 +234,25 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
     p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name, "
                    "or random[:ROWS] (random tokens, no tokenizer needed: throughput and memory probes)")  # fmt: skip
-    p.add_argument("--vocab-size", type=int, default=None,
+    p.add_argument("--vocab-size", type=cli.positive_int, default=None,
                    help="vocabulary of a random-init model trained on --dataset random without --tokenizer "
                         "(shape: models default to their published vocab)")  # fmt: skip
     p.add_argument("--output-dir", required=True, help="where the final checkpoint, states and logs go")
-    p.add_argument("--seq-length", type=int, default=16384, help="tokens per training sequence")
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch per data-parallel group")
-    p.add_argument("--gradient-accumulate-every", type=positive_int, default=8, help="micro-batches per optimizer step")
-    p.add_argument("--max-train-steps", type=int, default=400, help="optimizer steps of the run")
-    p.add_argument("--learning-rate", type=float, default=2e-5, help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps of the LR schedule")
+    p.add_argument("--seq-length", type=cli.positive_int, default=16384, help="tokens per training sequence")
+    p.add_argument(
+        "--batch-size", type=cli.positive_int, default=1, help="sequences per micro-batch per data-parallel group"
+    )
+    p.add_argument(
+        "--gradient-accumulate-every", type=cli.positive_int, default=8, help="micro-batches per optimizer step"
+    )
+    p.add_argument("--max-train-steps", type=cli.positive_int, default=400, help="optimizer steps of the run")
+    p.add_argument("--learning-rate", type=cli.positive_float, default=2e-5, help="peak learning rate")
+    p.add_argument(
+        "--warmup-steps", type=cli.non_negative_int, default=20, help="linear warmup steps of the LR schedule"
+    )
     p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--adam-betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"),
+    p.add_argument("--weight-decay", type=cli.non_negative_float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--adam-betas", type=cli.decay_rate, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"),
                    help="AdamW betas (0.9 0.95 is the usual LLM pretraining choice)")  # fmt: skip
     p.add_argument(
         "--optimizer",
@@ -269,16 +260,20 @@ def build_parser() -> cli.ArgumentParser:
         choices=OPTIMIZERS,
         help="host_adamw: fp32 master weights + Adam moments in host memory, without DeepSpeed",
     )
-    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this; 0: no clipping")
+    p.add_argument(
+        "--grad-clip", type=cli.non_negative_float, default=1.0, help="clip the gradient norm to this; 0: no clipping"
+    )
     p.add_argument("--nonfinite", default="stop", choices=["stop", "skip"],
                    help="a step whose loss or gradient norm (checked with --grad-clip or DeepSpeed) is inf/NaN: stop "
                         "(exit with an error, before that update and any checkpoint from it) or skip (drop its "
                         "update; the data and the LR schedule still advance; metrics count skipped_steps)")  # fmt: skip
-    p.add_argument("--max-skips-in-a-row", type=positive_int, default=10, metavar="N",
+    p.add_argument("--max-skips-in-a-row", type=cli.positive_int, default=10, metavar="N",
                    help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
-    p.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base (default: the model's)")
+    p.add_argument(
+        "--rope-theta", type=cli.positive_float, default=None, help="override the RoPE base (default: the model's)"
+    )
     add_backend_args(p, default="zigzag_ring_attn")  # --parallel_mode, each backend's options, --kernel
-    p.add_argument("--sp-size", type=int, default=None, help="ranks per sequence (DP x SP); default all")
+    p.add_argument("--sp-size", type=cli.positive_int, default=None, help="ranks per sequence (DP x SP); default all")
     p.add_argument("--balance-documents", action="store_true",
                    help="packed documents (--pack documents): reorder each row's whole documents so every ring step's "
                         "work is even over the ranks (exact: the same loss and gradients; zigzag 128K on 8 ranks: "
@@ -289,10 +284,10 @@ def build_parser() -> cli.ArgumentParser:
         choices=list(CHECKPOINT_MODES),
         help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
     )
-    p.add_argument("--offload-layers", type=int, default=None, metavar="K",
+    p.add_argument("--offload-layers", type=cli.non_negative_int, default=None, metavar="K",
                    help="with --checkpointing offload/attn-offload: the first K stored layer inputs go to the host "
                         "(pageable), the rest stay on the GPU (when the host cannot hold them all)")  # fmt: skip
-    p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
+    p.add_argument("--checkpoint-every", type=cli.positive_int, default=1, metavar="K",
                    help="with --checkpointing full/offload: keep only every K-th layer input, regenerate the others "
                         "in the backward (1/K of the checkpoint bytes, (K-1)/K extra forward per layer)")  # fmt: skip
     p.add_argument("--fp8", action="store_true",
@@ -305,7 +300,9 @@ def build_parser() -> cli.ArgumentParser:
         action="store_true",
         help="RMSNorms without fp32 (seq, hidden) copies (same values; the long-context memory peak)",
     )
-    p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES", help="run MLPs over this many tiles")
+    p.add_argument(
+        "--tiled-mlp", type=cli.non_negative_int, default=0, metavar="TILES", help="run MLPs over this many tiles"
+    )
     p.add_argument(
         "--compile",
         action="store_true",
@@ -322,8 +319,13 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument(
         "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model weights and compute dtype"
     )
-    p.add_argument("--seed", type=int, default=42, help="data order and random-init weights")
-    p.add_argument("--save-every", type=int, default=0, help="save a resumable state every N steps (0: only at end)")
+    p.add_argument("--seed", type=cli.non_negative_int, default=42, help="data order and random-init weights")
+    p.add_argument(
+        "--save-every",
+        type=cli.non_negative_int,
+        default=0,
+        help="save a resumable state every N steps (0: only at end)",
+    )
     p.add_argument("--resume-from", default=None,
                    help="a state dir written by --save-every / --stop-at-step (refused when --model, --seq-length or "
                         "--parallel_mode differ from its run_config.json)")  # fmt: skip
@@ -332,14 +334,14 @@ def build_parser() -> cli.ArgumentParser:
                         "a stuck rank or a dead launcher never hangs it. auto: 10x the slowest step so far, at least "
                         "120 s (auto:MIN_S: at least MIN_S); a number: fixed; 0: off. The first step and saves get "
                         "max(S, 1800) s")  # fmt: skip
-    p.add_argument("--stop-at-step", type=int, default=None,
+    p.add_argument("--stop-at-step", type=cli.positive_int, default=None,
                    help="end this run at that step with a resumable state (time-limited jobs); the schedule "
                         "still follows --max-train-steps")  # fmt: skip
-    p.add_argument("--time-limit", type=seconds, default=None, metavar="S",
+    p.add_argument("--time-limit", type=cli.non_negative_float, default=None, metavar="S",
                    help="end this run after the first step that ends S seconds after its start (start-up included) "
                         "with a resumable state and the model saved (time-limited jobs); the schedule still follows "
                         "--max-train-steps")  # fmt: skip
-    p.add_argument("--log-every", type=positive_int, default=1, help="print and log metrics every N steps")
+    p.add_argument("--log-every", type=cli.positive_int, default=1, help="print and log metrics every N steps")
     p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
     p.add_argument("--tracker", default="none", choices=TRACKERS, metavar="{none,tensorboard,wandb,...}",
                    help=f"experiment tracker, any of accelerate's: {', '.join(TRACKERS)} (wandb runs offline "
@@ -354,9 +356,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = recipe.parse_args_with_recipe(p, argv)
     for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
-        missing = missing_local_path(name or "", flag)
-        if missing:
-            p.error(missing)
+        error = cli.model_source_error(name, flag)
+        if error:
+            p.error(error)
     if args.wandb:
         args.tracker = "wandb"
     tracker_error = check_tracker(args.tracker)
@@ -402,7 +404,7 @@ def exit_on(*errors: type[BaseException], flag: str = ""):
     try:
         yield
     except errors as exc:
-        sys.exit(f"error: {flag}{exc}")
+        sys.exit(f"error: {flag}{' '.join(str(exc).split())}")  # one line, also for transformers' multi-line ones
 
 
 def make_accelerator(args) -> Accelerator:
@@ -538,8 +540,9 @@ def load_tokenizer_if_needed(args):
 def build_model(args, tokenizer, sp: SPConfig):
     """The HF model in training mode, its attention switched to the backend, with the memory options applied."""
     vocab = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
-    model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
-                       max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
+    with exit_on(OSError, flag="--model: "):  # a hub id that is not there (or not cached offline): one line
+        model = load_model(args.model, vocab_size=vocab, rope_theta=args.rope_theta, seed=args.seed,
+                           max_position_embeddings=args.seq_length, dtype=getattr(torch, args.dtype))  # fmt: skip
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     if tokenizer is not None and is_random_init(args.model):
         match_special_tokens(model, tokenizer)

@@ -120,7 +120,7 @@ def bad_input_worker(rank, world, case):
     model = AutoModelForCausalLM.from_config(cfg)
     ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", model)
     ids = torch.randint(0, 128, (1, 16))
-    pos = torch.arange(16)[None]
+    pos = ec.extract_local("zigzag_ring_attn", torch.arange(16 * world)[None], rank, world)  # this rank's shard
     kwargs = {"position_ids": pos}
     if case == "padding_mask":
         kwargs["attention_mask"] = torch.tensor([[0] * 4 + [1] * 12])
@@ -128,7 +128,6 @@ def bad_input_worker(rank, world, case):
         kwargs = {}
     if case == "ones_mask":  # an all-ones mask is harmless and accepted (with contiguous positions, sharded)
         kwargs["attention_mask"] = torch.ones(1, 16, dtype=torch.long)
-        kwargs["position_ids"] = ec.extract_local("zigzag_ring_attn", torch.arange(16 * world)[None], rank, world)
     if case == "kv_cache":
         from transformers import DynamicCache
 
@@ -203,7 +202,8 @@ def positional_mask_worker(rank, world):
 
     model = tiny_model("llama")
     ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", model)
-    ids, pos = torch.randint(0, 128, (1, 16)), torch.arange(16)[None]
+    ids = torch.randint(0, 128, (1, 16))
+    pos = ec.extract_local("zigzag_ring_attn", torch.arange(16 * world)[None], rank, world)  # this rank's shard
     errors = []
     for call in (
         lambda: model(ids, torch.tensor([[0] * 4 + [1] * 12]), pos),  # mask and positions passed positionally

@@ -137,7 +137,7 @@ def forward_refusal_worker(rank: int, world: int, family: str) -> str:
     model = ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", model_zoo.tiny_model(family))
     ids = torch.randint(3, 100, (1, 12))
     try:
-        model(ids, position_ids=torch.arange(12)[None] + 12 * rank)
+        model(ids, position_ids=ec.extract_local("zigzag_ring_attn", torch.arange(12 * world)[None], rank, world))
     except NotImplementedError as exc:
         return str(exc)
     return "no error"

@@ -194,11 +194,11 @@ def test_dp_x_sp_four_processes(data_dir, tmp_path):
         (("--dataset", "random", "--tokenizer", ""), "give --vocab-size"),
         (("--checkpointing", "full", "--offload-layers", "2"), "needs a checkpointing mode that offloads"),
         (("--checkpointing", "attn", "--checkpoint-every", "2"), "needs checkpointing mode 'full' or 'offload'"),
-        (("--checkpoint-every", "0"), "checkpoint_every must be an integer >= 1"),
+        (("--checkpoint-every", "0"), "argument --checkpoint-every: must be an integer >= 1, got 0"),
         (("--vocab-size", "512"), "--vocab-size is for --dataset random"),
         (("--sp-size", "3"), "error: --sp-size 3:"),
         (("--parallel_mode", "zigzag_ring_attn", "--ring_degree", "2"), "--ring_degree does not apply to zigzag"),
-        (("--time-limit", "-1"), "must be a number of seconds >= 0, got -1"),
+        (("--time-limit", "-1"), "argument --time-limit: must be a number >= 0, got -1"),
     ],
 )
 def test_bad_flags_fail_with_one_line(data_dir, tmp_path, extra, message):

@@ -114,3 +114,22 @@ def ulysses_rule(world_size: int, heads: int, kv_heads: int) -> dict[str, Any]:
 def local_rule(world_size: int, heads: int, kv_heads: int) -> dict[str, Any]:
     """Data parallel: every rank holds whole sequences."""
     return {"shard": 1}
+
+
+def position_layout_error(seq_algo: str, full_position_ids: Any) -> str | None:
+    """Why the full sequence's (batch, seq) position ids, put together from every rank's shard by ``seq_algo``'s
+    layout, cannot be a real batch's; None when they can. Inside a row a position follows the previous one, or
+    restarts at 0 (a packed document); any other jump means the ranks did not pass shards of this layout: the whole
+    sequence on every rank, or shards cut by another backend or other options."""
+    pos = full_position_ids
+    ok = (pos[:, 1:] - pos[:, :-1] == 1) | (pos[:, 1:] == 0)
+    if bool(ok.all()):
+        return None
+    row, col = (~ok).nonzero()[0].tolist()
+    return (
+        f"{seq_algo}: the ranks' position_ids, put together by {seq_algo}'s layout, jump from {int(pos[row, col])} to "
+        f"{int(pos[row, col + 1])} at token {col + 1} of the full sequence (row {row}): every rank must pass its own "
+        f"shard of the full sequence, cut for {seq_algo} with the same options (prepare_seq_parallel_inputs or "
+        f"extract_local('{seq_algo}', ...)), not the whole sequence or another backend's shard (packed documents "
+        "restart their positions at 0)"
+    )

@@ -10,10 +10,13 @@ layout rule (:meth:`SeqAlgo.layout <easy_context.core.seq_algo.SeqAlgo.layout>`)
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from ..cli import positive_int
 from ..kernels import KERNEL_NAMES
 from .seq_algo import REGISTERED as _ALGOS
 from .seq_algo import AttnFunc, OptionFlag, SeqAlgo, algos_implementing
@@ -65,7 +68,8 @@ def add_option_args(parser: argparse.ArgumentParser) -> None:
     for name, (flag, owners) in option_flags().items():
         dashed = f"--{name.replace('_', '-')}"
         spellings = [f"--{name}"] + ([dashed] if dashed != f"--{name}" else [])
-        parser.add_argument(*spellings, type=flag.type, default=None, help=f"{', '.join(owners)}: {flag.help}")
+        kind = positive_int if flag.type is int else flag.type  # an int option is a size or a degree: 0 is no value
+        parser.add_argument(*spellings, type=kind, default=None, help=f"{', '.join(owners)}: {flag.help}")
 
 
 def add_backend_args(parser: argparse.ArgumentParser, default: str | None, mode_help: str | None = None,
@@ -82,9 +86,45 @@ def option_values(args: Any) -> dict[str, Any]:
     return {name: getattr(args, name, None) for name in option_flags()}
 
 
+# The attribute a shard made by extract_local carries: (seq_algo, options, world_size, dim). get_attn_func's attention
+# compares it with its own layout: a tensor cannot otherwise tell which backend cut it.
+SHARD_LAYOUT = "_easy_context_shard_layout"
+
+
 def extract_local(seq_algo: str, value: torch.Tensor, rank: int, world_size: int, dim: int = 1, **kw) -> torch.Tensor:
-    """This rank's shard of a full-sequence tensor (``dim`` is the sequence dimension)."""
-    return get_seq_algo(seq_algo).extract_local(value, rank, world_size, dim, **kw)
+    """This rank's shard of a full-sequence tensor (``dim`` is the sequence dimension). The shard remembers its
+    layout: :func:`get_attn_func`'s attention refuses a shard cut for another backend or other options."""
+    algo = get_seq_algo(seq_algo)
+    local = algo.extract_local(value, rank, world_size, dim, **kw)
+    if algo.distributed and world_size > 1 and local is not value:
+        setattr(local, SHARD_LAYOUT, (seq_algo, dict(kw), world_size, dim % value.dim()))
+    return local
+
+
+def shard_layout_error(tensor: torch.Tensor, seq_algo: str, options: dict[str, Any], world_size: int) -> str | None:
+    """Why ``tensor`` (a shard from :func:`extract_local`) is not laid out as ``seq_algo`` with ``options`` lays out a
+    sequence on ``world_size`` ranks (some rank holds other rows); None when it is, or when the tensor does not
+    carry its layout. Decided on every rank alike (no communication), so that all ranks raise together."""
+    made = getattr(tensor, SHARD_LAYOUT, None)
+    if made is None or made[3] != 1:
+        return None
+    cut_by, cut_options, cut_world, _ = made
+    cut = f"{cut_by}{''.join(f', {k}={v!r}' for k, v in cut_options.items())}"
+    if cut_world != world_size:
+        return (f"{seq_algo}: this shard was cut for {cut_world} ranks (extract_local('{cut}')), the attention runs on "
+                f"{world_size}: shard with the SP group's size")  # fmt: skip
+    seq_local = tensor.shape[1]
+    theirs, ours = get_seq_algo(cut_by), get_seq_algo(seq_algo)
+    for rank in range(world_size):
+        if theirs.global_rows(rank, world_size, seq_local, **cut_options) != ours.global_rows(
+            rank, world_size, seq_local, **options
+        ):
+            given = "".join(f", {k}={v!r}" for k, v in options.items() if v is not None)
+            fix = f"extract_local('{seq_algo}', x, rank, {world_size}, dim=1{given})"
+            return (f"{seq_algo}: the inputs were sharded by extract_local('{cut}'), whose layout differs from "
+                    f"{seq_algo}'s on {world_size} ranks (rank {rank} holds other tokens): shard with the backend "
+                    f"and options you attend with ({fix})")  # fmt: skip
+    return None
 
 
 def seq_multiple(seq_algo: str, world_size: int, **kw) -> int:
@@ -103,4 +143,47 @@ def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
     ``kernel`` picks the local kernel (``auto``, ``cpu``, ``cudnn``, ``flash``, ``efficient``,
     ``flash_attn``, ``math``); other keywords are backend options (e.g. ``ring_degree`` for usp_attn).
     """
-    return get_seq_algo(seq_algo).attn_func(kernel, **kw)
+    algo = get_seq_algo(seq_algo)
+    inner = algo.attn_func(kernel, **kw)
+    if not algo.distributed:
+        return inner
+    options = algo._options(kw)
+
+    @functools.wraps(inner)
+    def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None,
+             position_ids: torch.Tensor | None = None, documents=None, **variants):  # fmt: skip
+        if dist.is_available() and dist.is_initialized():
+            from .groups import get_sp_group
+
+            world = dist.get_world_size(get_sp_group() if group is None else group)
+            for x in (q, k, v):
+                error = shard_layout_error(x, seq_algo, options, world)
+                if error:
+                    raise ValueError(error)
+            if position_ids is not None and documents is None and world > 1:
+                documents = checked_documents(algo, position_ids, group, options)
+                position_ids = None
+        return inner(q, k, v, dropout_p, softmax_scale, causal, group, position_ids=position_ids, documents=documents,
+                     **variants)  # fmt: skip
+
+    return attn
+
+
+def checked_documents(algo, position_ids: torch.Tensor, group, options: dict[str, Any]):
+    """The packed documents of the full sequence from this rank's ``position_ids`` shard (one all-gather per
+    position_ids tensor, remembered on it), after checking that the ranks' shards fit ``algo``'s layout
+    (:func:`~easy_context.core.layout.position_layout_error`: every rank sees the same gathered ids and raises
+    alike)."""
+    from .documents import cached_on, find_documents, gather_position_ids
+    from .layout import position_layout_error
+
+    def compute():
+        full = gather_position_ids(algo, position_ids, group, **options)
+        return position_layout_error(algo.name, full), find_documents(full)
+
+    error, documents = cached_on(
+        position_ids, ("checked", algo.name, tuple(sorted(options.items())), id(group)), compute
+    )
+    if error:
+        raise ValueError(error)
+    return documents

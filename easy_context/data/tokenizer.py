@@ -119,6 +119,6 @@ def load_tokenizer(name_or_path: str):
             hint = "HF_HUB_OFFLINE is set" if offline else "not a local folder, and the hub is unreachable or lacks it"
         raise RuntimeError(
             f"could not load tokenizer {name_or_path!r} ({hint}; {type(e).__name__}: {e}). Pass a local tokenizer "
-            "folder (e.g. DIR/tokenizer written by `python -m easy_context.data ... --train-tokenizer 8000`), "
-            "or train one with --train-tokenizer VOCAB_SIZE."
+            "folder, or train one: `python -m easy_context.data --dataset SRC --output DIR --seq-length N "
+            "--train-tokenizer 8000` writes DIR/tokenizer."
         ) from e

@@ -1,6 +1,6 @@
-"""Needle-in-a-haystack retrieval over context length x depth, with any sequence-parallel backend.
+r"""Needle-in-a-haystack retrieval over context length x depth, with any sequence-parallel backend.
 
-    python eval_needle.py --model out/demo/model --max_context_length 2048 --min_context_length 256 \
+    python eval_needle.py --model out/demo/extended --max_context_length 2048 --min_context_length 256 \
         --context_interval 256 --depth_interval 0.25 --num_samples 2          # one process: the plain model
     accelerate launch --config_file accelerate_configs/single_node.yaml eval_needle.py --model M \
         --max_context_length 131072 --min_context_length 8192 --context_interval 8192   # zigzag over 8 GPUs
@@ -32,8 +32,16 @@ from easy_context.eval.results import cell_scores, write_csv, write_json
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
-from easy_context.models import PRESETS, missing_local_path
+from easy_context.models import PRESETS
 from easy_context.training.process_exit import run_program
+
+
+def depth_step(text: str) -> float:
+    """argparse type of ``--depth_interval``: a fraction in (0, 1] or a percent in (1, 100]."""
+    value = cli.positive_float(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1] or a percent in (1, 100], got {text}")
+    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,28 +49,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--model", required=True, help=f"hub id, local checkpoint, or a random-init preset: {', '.join(PRESETS)}"
     )
-    p.add_argument("--max_context_length", type=int, default=8192, help="largest haystack size in tokens")
-    p.add_argument("--min_context_length", type=int, default=1024, help="smallest haystack size in tokens")
-    p.add_argument("--context_interval", type=int, default=1024, help="lengths: range(min, max + 1, interval)")
+    p.add_argument("--max_context_length", type=cli.positive_int, default=8192, help="largest haystack size in tokens")
+    p.add_argument("--min_context_length", type=cli.positive_int, default=1024, help="smallest haystack size in tokens")
     p.add_argument(
-        "--depth_interval", type=float, default=0.1, help="depth step as a fraction (0.1 = 0%%, 10%%, ..., 100%%)"
+        "--context_interval", type=cli.positive_int, default=1024, help="lengths: range(min, max + 1, interval)"
     )
-    p.add_argument("--num_samples", type=int, default=5, help="needles (city, number) per (length, depth) cell")
-    p.add_argument("--rnd_number_digits", type=int, default=7, help="digits of each needle's number")
-    p.add_argument("--num_distractor", type=int, default=0, help="needles of other cities at random depths")
+    p.add_argument(
+        "--depth_interval",
+        type=depth_step,
+        default=0.1,
+        help="depth step as a fraction (0.1 = 0%%, 10%%, ..., 100%%) or, above 1, in percent (10)",
+    )
+    p.add_argument(
+        "--num_samples", type=cli.positive_int, default=5, help="needles (city, number) per (length, depth) cell"
+    )
+    p.add_argument("--rnd_number_digits", type=cli.positive_int, default=7, help="digits of each needle's number")
+    p.add_argument(
+        "--num_distractor", type=cli.non_negative_int, default=0, help="needles of other cities at random depths"
+    )
     p.add_argument("--haystack_dir", default="PaulGrahamEssays", help="folder of .txt files")
     p.add_argument("--generate", action="store_true", help="also score greedy generation of the answer")
     p.add_argument("--output-dir", "--output_dir", default=None, help="default out/eval_needle/<model name>")
     add_runtime_args(p)
+    cli.retype(p, rope_theta=cli.positive_float, seed=cli.non_negative_int)
     args = p.parse_args(argv)
     for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
-        missing = missing_local_path(name or "", flag)
-        if missing:
-            p.error(missing)
+        error = cli.model_source_error(name, flag)
+        if error:
+            p.error(error)
     if args.model in PRESETS and not args.tokenizer:
         p.error(f"--model {args.model} (random init) needs --tokenizer")
-    if args.num_samples < 1 or args.num_distractor < 0:
-        p.error("--num_samples must be >= 1 and --num_distractor >= 0")
+    try:
+        context_lengths(args.min_context_length, args.max_context_length, args.context_interval)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.output_dir is None:
         args.output_dir = os.path.join("out", "eval_needle", os.path.basename(os.path.normpath(args.model)))
     return args

@@ -1,6 +1,6 @@
-"""Perplexity as the context grows, with any sequence-parallel backend (token-weighted, no (seq, vocab) logits).
+r"""Perplexity as the context grows, with any sequence-parallel backend (token-weighted, no (seq, vocab) logits).
 
-    python eval_ppl.py --model out/demo/model --min-tokens 256 --max-tokens 2048 --truncate --samples 4 \
+    python eval_ppl.py --model out/demo/extended --min-tokens 256 --max-tokens 2048 --truncate --samples 4 \
         --output out/demo/ppl.csv                                      # default data: the essays, concatenated
     accelerate launch --config_file accelerate_configs/single_node.yaml eval_ppl.py -m M1 -m M2 \
         --dataset emozilla/pg19-test --dataset-min-tokens 131072 --min-tokens 8192 --max-tokens 131072 --truncate
@@ -30,7 +30,7 @@ from easy_context.eval.results import write_csv
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.loss import CausalLMWithLoss
-from easy_context.models import PRESETS, missing_local_path
+from easy_context.models import PRESETS
 from easy_context.training.process_exit import run_program
 
 DEFAULT_DATASET = "PaulGrahamEssays"
@@ -58,22 +58,34 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="join the documents and cut them into --max-tokens samples (default: only for the essays)",
     )
-    p.add_argument("--min-tokens", type=int, default=256, help="shortest evaluated length L")
+    p.add_argument("--min-tokens", type=cli.positive_int, default=256, help="shortest evaluated length L")
     p.add_argument(
-        "--max-tokens", type=int, default=8192, help="longest evaluated length L (doubling from --min-tokens)"
+        "--max-tokens",
+        type=cli.positive_int,
+        default=8192,
+        help="longest evaluated length L (doubling from --min-tokens)",
     )
-    p.add_argument("--tokens-step", type=int, default=None, help="linear steps instead of doubling")
-    p.add_argument("--samples", type=int, default=None, help="use the first N samples (documents)")
-    p.add_argument("--dataset-min-tokens", type=int, default=None, help="keep documents with at least N tokens")
+    p.add_argument("--tokens-step", type=cli.positive_int, default=None, help="linear steps instead of doubling")
+    p.add_argument("--samples", type=cli.positive_int, default=None, help="use the first N samples (documents)")
+    p.add_argument(
+        "--dataset-min-tokens", type=cli.non_negative_int, default=None, help="keep documents with at least N tokens"
+    )
     p.add_argument("--truncate", action="store_true", help="one window per sample: its first L tokens")
-    p.add_argument("--sliding-window", type=int, default=256, help="stride of the sliding window (without --truncate)")
+    p.add_argument(
+        "--sliding-window", type=cli.positive_int, default=256, help="stride of the sliding window (without --truncate)"
+    )
     p.add_argument("--output", "--output-file", default=None, help="CSV path (default out/eval_ppl.csv)")
     add_runtime_args(p)
+    cli.retype(p, rope_theta=cli.positive_float, seed=cli.non_negative_int)
     args = p.parse_args(argv)
     for flag, name in [("--model", m) for m in args.model] + [("--tokenizer", args.tokenizer)]:
-        missing = missing_local_path(name or "", flag)
-        if missing:
-            p.error(missing)
+        error = cli.model_source_error(name, flag)
+        if error:
+            p.error(error)
+    try:
+        ppl_lengths(args.min_tokens, args.max_tokens, args.tokens_step)
+    except ValueError as exc:
+        p.error(str(exc))
     if any(m in PRESETS for m in args.model) and not args.tokenizer:
         p.error("a random-init preset --model needs --tokenizer")
     if args.concatenate is None:

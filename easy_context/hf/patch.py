@@ -28,8 +28,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..core.documents import local_documents
 from ..core.groups import get_sp_group
-from ..core.registry import get_seq_algo
+from ..core.registry import checked_documents, get_seq_algo
 from .attention import attention_calls, make_hf_attention
+from .kv_cache import active_cache
 from .support import (
     attention_not_called,
     check_model_supported,
@@ -89,6 +90,11 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
                 f"{seq_algo}: KV caches are not supported by easy_context attention (generate with the model's own "
                 "attention: model.set_attn_implementation('sdpa'))"
             )
+        decoding = getattr(active_cache(), "mode", None) == "decode"  # one new token, the same on every rank
+        if sharded and torch.distributed.is_initialized() and not decoding:
+            # a whole sequence on every rank, or another backend's shards, shows in the gathered positions: refuse
+            # it here (the attention would silently compute other numbers)
+            checked_documents(algo, position_ids, None, layout_opts)
         if "use_cache" not in positional:
             kwargs["use_cache"] = False
         return args, kwargs

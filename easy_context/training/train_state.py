@@ -76,13 +76,14 @@ def _agree(error: str | None) -> str | None:
     data = (error or "").encode()
     size = torch.tensor([len(data) + (error is not None)], dtype=torch.int64, device=device)  # 0: no error
     sizes = torch.empty(world, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(sizes, size)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch < 2.13: the old name
+    gather(sizes, size)
     width = max(int(sizes.max()), 1)
     mine = torch.zeros(width, dtype=torch.uint8)
     mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
     mine = mine.to(device)
     every = torch.empty(world * width, dtype=torch.uint8, device=device)
-    dist.all_gather_into_tensor(every, mine)
+    gather(every, mine)
     _HELD[:] = [size, sizes, mine, every]
     for rank, n in enumerate(sizes.tolist()):
         if n:
