@@ -26,7 +26,7 @@ case "${1:-}" in
 stash)
     mkdir -p /root/parts && cp ".p$2"/pp.* /root/parts/ && ls -la /root/parts && df -h /root | tail -1 ;;
 start)
-    cp .p[0-9]*/pp.* /root/parts/ 2>/dev/null
+    mkdir -p /root/parts && cp .p[0-9]*/pp.* /root/parts/ 2>/dev/null
     cat /root/parts/pp.* >/root/payload.tar || exit 1
     sum=$(sha256sum /root/payload.tar | cut -d' ' -f1)
     want=$(cat .p[0-9]*/payload.sha256 2>/dev/null | head -n 1)

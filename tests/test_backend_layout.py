@@ -210,3 +210,21 @@ def test_a_fifth_backend_needs_only_its_registration(toy):
     check_layout(runtime, SimpleNamespace(num_attention_heads=8, num_key_value_heads=8))
     with pytest.raises(ValueError, match="toy_attn: 7 query heads are odd"):
         check_layout(runtime, SimpleNamespace(num_attention_heads=7, num_key_value_heads=7))
+
+
+def test_position_layout_error_accepts_real_rows_and_refuses_misordered_shards():
+    """Real rows pass: packed documents restarting at 0, a row starting mid-document (balanced or not), forward
+    skips, DataCollatorWithFlattening's position_ids_start=1. A jump back to another position (what the whole
+    sequence on every zigzag rank puts together) is refused, naming the fix."""
+    import torch
+
+    from easy_context.core.layout import position_layout_error
+
+    row = lambda *runs: torch.cat([torch.arange(a, b) for a, b in runs])[None]  # noqa: E731
+    valid = [row((0, 8), (0, 5)), row((500, 563), (0, 4)), row((0, 58), (0, 4), (500, 563), (0, 3)),
+             row((0, 4), (100, 104)), row((1, 4), (1, 5), (1, 3))]  # fmt: skip
+    for positions in valid:
+        assert position_layout_error("zigzag_ring_attn", positions) is None, positions
+    whole_on_two_ranks = row((0, 4), (0, 4), (4, 8), (4, 8))  # zigzag's gather of [0..7] passed on both ranks
+    error = position_layout_error("zigzag_ring_attn", whole_on_two_ranks)
+    assert error and "jump from 7 to 4 at token 12" in error and "extract_local('zigzag_ring_attn'" in error

@@ -200,6 +200,9 @@ def test_offline_uncached_hub_id_is_refused_cached_is_taken(capsys, monkeypatch,
     assert cli.hub_cache_dir() == str(tmp_path / "hub")
     monkeypatch.delenv("HF_HUB_CACHE")
     assert cli.hub_cache_dir() == constants.HF_HUB_CACHE  # huggingface_hub's own answer, in this environment
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "legacy"))  # the name huggingface_hub still reads
+    assert cli.hub_cache_dir() == str(tmp_path / "legacy")
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     line = one_line_error(capsys, "ppl", ["--model", "meta-llama/Llama-2-7b-hf"])

@@ -284,18 +284,25 @@ def test_bad_state_is_refused_naming_the_file_and_the_last_good_one(data_dir, tm
 
 
 def test_eval_ppl_keeps_the_rows_of_models_scored_before_a_missing_one(data_dir, tmp_path):
-    """-m GOOD -m MISSING scored GOOD, then died without any CSV: the rows it has are written, one error line."""
+    """-m GOOD -m BROKEN (a folder whose config cannot load) scored GOOD, then died without any CSV: the rows it has
+    are written, one error line. A hub id missing offline is refused before anything is scored."""
     import sys
 
-    output = tmp_path / "ppl.csv"
-    cmd = [sys.executable, "eval_ppl.py", "-m", "tiny-llama", "-m", "nobody/missing-model", "--tokenizer",
-           str(data_dir / "tokenizer"), "--dataset", str(data_dir.parent), "--min-tokens", "64", "--max-tokens", "128",
-           "--truncate", "--samples", "1", "--output", str(output)]  # fmt: skip
+    output, broken = tmp_path / "ppl.csv", tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    common = ["--tokenizer", str(data_dir / "tokenizer"), "--dataset", str(data_dir.parent), "--min-tokens", "64",
+              "--max-tokens", "128", "--truncate", "--samples", "1", "--output", str(output)]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    res = run_job(cmd, cwd=test_train.ROOT, env=env, timeout=300)
+    res = run_job([sys.executable, "eval_ppl.py", "-m", "tiny-llama", "-m", "nobody/missing-model", *common],
+                  cwd=test_train.ROOT, env=env, timeout=300)  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr and not output.exists(), res.stderr[-3000:]
+    assert "nobody/missing-model" in res.stderr.strip().splitlines()[-1]
+    res = run_job([sys.executable, "eval_ppl.py", "-m", "tiny-llama", "-m", str(broken), *common],
+                  cwd=test_train.ROOT, env=env, timeout=300)  # fmt: skip
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     line = res.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: --model nobody/missing-model: ") and line.endswith(
+    assert line.startswith(f"error: --model {broken}: ") and line.endswith(
         f"; the 2 rows scored before it are in {output}"
     ), res.stderr[-3000:]
     rows = output.read_text().splitlines()

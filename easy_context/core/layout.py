@@ -118,11 +118,14 @@ def local_rule(world_size: int, heads: int, kv_heads: int) -> dict[str, Any]:
 
 def position_layout_error(seq_algo: str, full_position_ids: Any) -> str | None:
     """Why the full sequence's (batch, seq) position ids, put together from every rank's shard by ``seq_algo``'s
-    layout, cannot be a real batch's; None when they can. Inside a row a position follows the previous one, or
-    restarts at 0 (a packed document); any other jump means the ranks did not pass shards of this layout: the whole
-    sequence on every rank, or shards cut by another backend or other options."""
+    layout, cannot be a real batch's; None when they can. Inside a row a position follows the previous one, skips
+    forward, or restarts at the row's smallest position (0 from our packer, ``position_ids_start`` from
+    DataCollatorWithFlattening): each of those starts a packed document. A jump back to any other position is what
+    shards put together in the wrong order make (the whole sequence on every rank, or shards cut by another backend
+    or other options), never a real row."""
     pos = full_position_ids
-    ok = (pos[:, 1:] - pos[:, :-1] == 1) | (pos[:, 1:] == 0)
+    step = pos[:, 1:] - pos[:, :-1]
+    ok = (step >= 1) | (pos[:, 1:] == pos.min(dim=1, keepdim=True).values)
     if bool(ok.all()):
         return None
     row, col = (~ok).nonzero()[0].tolist()
@@ -131,5 +134,5 @@ def position_layout_error(seq_algo: str, full_position_ids: Any) -> str | None:
         f"{int(pos[row, col + 1])} at token {col + 1} of the full sequence (row {row}): every rank must pass its own "
         f"shard of the full sequence, cut for {seq_algo} with the same options (prepare_seq_parallel_inputs or "
         f"extract_local('{seq_algo}', ...)), not the whole sequence or another backend's shard (packed documents "
-        "restart their positions at 0)"
+        "restart their positions at the row's smallest one)"
     )

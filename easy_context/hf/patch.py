@@ -91,9 +91,10 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
                 "attention: model.set_attn_implementation('sdpa'))"
             )
         decoding = getattr(active_cache(), "mode", None) == "decode"  # one new token, the same on every rank
-        if sharded and torch.distributed.is_initialized() and not decoding:
-            # a whole sequence on every rank, or another backend's shards, shows in the gathered positions: refuse
-            # it here (the attention would silently compute other numbers)
+        if sharded and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1 and not decoding:
+            # a whole sequence on every rank of a reordering layout (zigzag, USP's ring), or another backend's shards,
+            # shows in the gathered positions: refuse it here (the attention would silently compute other numbers);
+            # under a contiguous layout a whole sequence per rank reads as packed documents and is not caught
             checked_documents(algo, position_ids, None, layout_opts)
         if "use_cache" not in positional:
             kwargs["use_cache"] = False

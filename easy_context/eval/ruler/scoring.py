@@ -75,9 +75,10 @@ def averages(scores: dict[str, dict[int, float]], tasks: list[str]) -> dict[int,
 
 
 def average_intervals(average: dict[int, float], samples: dict[str, dict[int, int]], tasks: list[str]):
-    """Each length's average with a conservative 95 % interval: Wilson over all its prompts (the tasks' means are
-    independent, each of variance <= p_t (1 - p_t) / n_t, and their mean's variance is <= p (1 - p) / sum(n_t))."""
-    return {n: wilson(value, sum(samples[t][n] for t in tasks)) for n, value in average.items()}
+    """Each length's average with a conservative 95 % interval: Wilson over T x (the fewest prompts of a task) (the
+    tasks' means are independent, each of variance p_t (1 - p_t) / n_t <= p_t (1 - p_t) / n_min, and the mean over T
+    tasks has variance <= p (1 - p) / (T n_min) by concavity; with equal counts that is all the prompts)."""
+    return {n: wilson(value, len(tasks) * min(samples[t][n] for t in tasks)) for n, value in average.items()}
 
 
 def effective_length(average: dict[int, float], threshold: float) -> int | None:
