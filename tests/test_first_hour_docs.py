@@ -208,3 +208,12 @@ def test_help_examples_parse(monkeypatch, tmp_path, module, script):
             mod.parse_args(words[words.index(script) + 1 :])
             parsed += 1
     assert parsed >= 1
+
+
+def test_readme_first_screen():
+    """The README fits one screen (<= 60 lines) and holds the two commands, the CPU command and the way on."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 60
+    for needle in ("make demo", "make test", "ACCELERATE_USE_CPU=1", "docs/README.md", "easy-context-fetch"):
+        assert needle in text, needle
+    assert re.search(r"\(\d{4}-\d{2}-\d{2}", text)  # numbers carry their date
