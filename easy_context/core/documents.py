@@ -244,17 +244,28 @@ def local_documents(algo, local_position_ids: torch.Tensor, group=None, **option
     position_ids to every layer of a forward (and to a checkpointed layer's recompute), so the all-gather runs once
     per forward. Every rank sees the same tensors in the same order, so all ranks hit or miss together.
     """
+    return gathered_documents(algo, local_position_ids, group, **options)[1]
+
+
+def gathered_documents(
+    algo, local_position_ids: torch.Tensor, group=None, **options
+) -> tuple[str | None, Documents | None]:
+    """``(layout error or None, documents)`` of the full sequence put together from every rank's shard (one
+    all-gather per position_ids tensor, cached as in :func:`local_documents`, whose entry it shares):
+    :func:`~easy_context.core.layout.position_layout_error` says whether the shards fit ``algo``'s layout."""
+    from .layout import position_layout_error
+
     world = 1
     if group is not None or dist.is_initialized():
         from .groups import get_sp_group
 
         world = dist.get_world_size(get_sp_group() if group is None else group)
-    key = (algo.name, tuple(sorted(options.items())), id(group), world)
-    return cached_on(
-        local_position_ids,
-        key,
-        lambda: find_documents(gather_position_ids(algo, local_position_ids, group, **options)),
-    )
+
+    def compute():
+        full = gather_position_ids(algo, local_position_ids, group, **options)
+        return position_layout_error(algo.name, full), find_documents(full)
+
+    return cached_on(local_position_ids, (algo.name, tuple(sorted(options.items())), id(group), world), compute)
 
 
 def cached_on(tensor: torch.Tensor, key: tuple, compute):

@@ -174,16 +174,9 @@ def checked_documents(algo, position_ids: torch.Tensor, group, options: dict[str
     position_ids tensor, remembered on it), after checking that the ranks' shards fit ``algo``'s layout
     (:func:`~easy_context.core.layout.position_layout_error`: every rank sees the same gathered ids and raises
     alike)."""
-    from .documents import cached_on, find_documents, gather_position_ids
-    from .layout import position_layout_error
+    from .documents import gathered_documents
 
-    def compute():
-        full = gather_position_ids(algo, position_ids, group, **options)
-        return position_layout_error(algo.name, full), find_documents(full)
-
-    error, documents = cached_on(
-        position_ids, ("checked", algo.name, tuple(sorted(options.items())), id(group)), compute
-    )
+    error, documents = gathered_documents(algo, position_ids, group, **options)
     if error:
         raise ValueError(error)
     return documents
