@@ -16,10 +16,11 @@ PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 DIR=${PAYLOAD_DIR:-.payload}
 PART_MB=${PART_MB:-43}
 # the H200 image: CPython 3.12, x86-64, torch 2.11 cu13 (KINDS.md); these are the versions measured there with fa4
-# (docs/benchmarks.md); datasets as in requirements.txt
+# (docs/benchmarks.md); datasets as in requirements.txt; apache-tvm-ffi and torch-c-dlpack-ext pinned so that every
+# payload is the same (the fa4 measurements in docs/benchmarks.md did not record theirs)
 PACKAGES=${PACKAGES:-"gguf==0.19.0 wonderwords==3.0.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 flash-attn-4==4.0.0b36
     nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1
-    nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi torch-c-dlpack-ext"}
+    nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5"}
 PLATFORM=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 MODEL_WHEELS=$("$PY" -c "import sys, easy_context.fetch as f
