@@ -1,4 +1,4 @@
-"""When does a small model trained from scratch start to retrieve needles? (issue 13's base model, measured)
+"""When does a small model trained from scratch start to retrieve needles? (the demo's base model, measured)
 
 Trains a random-init Llama on rows of the essays mixed with needle-retrieval rows (easy_context.data.needles, the
 eval's format) at a short length, and scores teacher-forced needle retrieval (eval_needle's prompts) every

@@ -1,4 +1,4 @@
-"""Retrieval emergence at the CPU demo's batch (16 rows of 256 tokens) and the extension after it (issue 13).
+"""Retrieval emergence at the CPU demo's batch (16 rows of 256 tokens) and the extension after it.
 
 Rows come from the library (``easy_context.data.needles.retrieval_row``), prompts from the eval
 (``easy_context.eval.needle.make_case``); a plain loop (HF Llama, AdamW, bf16 autocast on CUDA) trains a base model,

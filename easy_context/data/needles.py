@@ -9,7 +9,7 @@ budget is drawn uniformly up to what the row leaves, so needles sit at every dis
 
 What a retrieval row trains on (``NeedleMix.loss``):
     ``"answer"`` (default): only the answers' tokens (the space and the number after each question); the rest of
-        the row is context, as in supervised fine-tuning. Measured (docs/benchmarks.md, issue 13): with the loss on
+        the row is context, as in supervised fine-tuning. Measured (docs/benchmarks.md): with the loss on
         every token, a tiny Llama (hidden 128, 4 layers) trained on 65M tokens of essays + needles never retrieves
         (its answers stay at chance) while the essays' own loss drowns the few answer tokens; with the loss on the
         answers only, the same model retrieves.

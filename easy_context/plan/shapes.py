@@ -37,7 +37,7 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "tiny-llama": ("llama", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
                                  num_key_value_heads=2)),
     # the same with tied input/output embeddings: the demo's base model (tied, a tiny model learns to copy a
-    # retrieved token far sooner: measured in docs/benchmarks.md, issue 13)
+    # retrieved token far sooner: measured in docs/benchmarks.md)
     "tiny-llama-tied": ("llama", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "tiny-mistral": ("mistral", dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
