@@ -87,6 +87,40 @@ def shape_config(name: str, vocab_size: int | None = None) -> PretrainedConfig:
     return AutoConfig.for_model(model_type, **overrides)
 
 
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The language model's config (``config.text_config`` of a multimodal model, else ``config`` itself)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def layer_windows(config: PretrainedConfig) -> list[tuple[str, int | None]]:
+    """Per layer, ``("full", None)``, ``("sliding", w)`` or ``("chunked", c)``, as transformers builds the masks.
+
+    ``config.sliding_window`` applies to the layers ``config.layer_types`` marks ``"sliding_attention"`` (Gemma 2/3,
+    gpt-oss, Qwen2/3 with ``use_sliding_window``), or to every layer of a config without layer types (Mistral,
+    Mixtral, Phi-3 with a window set); ``use_sliding_window = False`` turns it off. ``"chunked_attention"`` layers use
+    ``config.attention_chunk_size``.
+    """
+    config = text_config(config)
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    chunk = getattr(config, "attention_chunk_size", None)
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return [("sliding", int(window)) if window else ("full", None)] * n
+    out: list[tuple[str, int | None]] = []
+    for kind in layer_types[:n]:
+        if kind == "sliding_attention" and window:
+            out.append(("sliding", int(window)))
+        elif kind == "chunked_attention" and chunk:
+            out.append(("chunked", int(chunk)))
+        else:
+            out.append(("full", None))
+    return out
+
+
 def _per_layer_type(params) -> bool:
     """Whether ``config.rope_parameters`` holds one dict per layer type (Gemma 2/3 in transformers 5)."""
     return isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())

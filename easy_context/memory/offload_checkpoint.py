@@ -155,7 +155,7 @@ def enable_offloaded_checkpointing(
     ``use_cache`` is turned off in the checkpointed layers. ``model.gradient_checkpointing_disable()`` undoes it.
     ``replay_attention="global"`` replays the attention of the layers that attend over the whole sequence only:
     a sliding-window layer's attention costs window x length, little to re-run, and its output is not worth
-    keeping (:func:`is_sliding_layer`).
+    keeping (:func:`easy_context.models.layer_windows`, as transformers' masks read the config).
 
     ``offload_layers=n`` offloads only the first n stored layer inputs (the others stay on the device), to
     split the checkpoints between host and device memory when the host cannot hold them all. ``pin_memory=False``
@@ -185,10 +185,15 @@ def enable_offloaded_checkpointing(
     # offload_layers counts stored inputs: with checkpoint_every=k, layer i stores the input of group i // k
     offloaded = [offload and (offload_layers is None or i // checkpoint_every < offload_layers)
                  for i in range(len(layers))]  # fmt: skip
+    sliding = [False] * len(layers)
     if replay_attention == "global":  # sliding-window layers: plain checkpointing, attention re-run
+        from ..models import layer_windows
+
+        windows = layer_windows(model.config)
+        sliding = [kind != "full" for kind, _ in windows] if len(windows) == len(layers) else sliding
         plain = functools.partial(offloaded_checkpoint, use_reentrant=False, pin_memory=pin_memory)
-        for layer, off in zip(layers, offloaded):
-            if is_sliding_layer(layer):
+        for layer, off, slides in zip(layers, offloaded, sliding):
+            if slides:
                 layer._gradient_checkpointing_func = functools.partial(plain, offload=off)
     if checkpoint_every > 1:
         groups = LayerGroups(len(layers), checkpoint_every)
@@ -197,19 +202,10 @@ def enable_offloaded_checkpointing(
             layer._gradient_checkpointing_func = functools.partial(strided_checkpoint, groups=groups, index=i,
                                                                    module=layer, **hooks)  # fmt: skip
     else:
-        for layer, off in zip(layers, offloaded):
-            if offload and not off and not (replay_attention == "global" and is_sliding_layer(layer)):
+        for layer, off, slides in zip(layers, offloaded, sliding):
+            if offload and not off and not slides:
                 layer._gradient_checkpointing_func = functools.partial(func, offload=False)
     return model
-
-
-def is_sliding_layer(layer: torch.nn.Module) -> bool:
-    """Whether a decoder layer attends through a sliding window: its ``attention_type`` (Gemma 3, gpt-oss) or its
-    attention module's ``sliding_window`` (Gemma 2) says so. A layer that says nothing counts as global."""
-    if getattr(layer, "attention_type", None) == "sliding_attention":
-        return True
-    attn = getattr(layer, "self_attn", None)
-    return bool(getattr(attn, "is_sliding", False) or getattr(attn, "sliding_window", None))
 
 
 def _pack(tensor: torch.Tensor, pin_memory: bool) -> HostCopy | torch.Tensor:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from ..models import layer_windows, text_config
+
 # dense bf16 peak by GPU name (datasheet, no sparsity)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A800": 312.0, "H800": 989.0, "L40S": 362.0}
 
@@ -25,12 +27,6 @@ NON_GATED_MLP = frozenset({
     "biogpt", "bloom", "codegen", "falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "mpt", "nemotron", "opt",
     "phi", "starcoder2", "xglm",
 })  # fmt: skip
-
-
-def text_config(config: PretrainedConfig) -> PretrainedConfig:
-    """The language model's config (``config.text_config`` of a multimodal model, else ``config`` itself)."""
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
 
 
 def _heads(config: PretrainedConfig) -> tuple[int, int, int]:
@@ -74,34 +70,6 @@ def non_embedding_params(config: PretrainedConfig) -> int:
     heads, kv, head_dim = _heads(config)
     attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o and k, v projections
     return config.num_hidden_layers * (attn + mlp_params(config)) + h * config.vocab_size
-
-
-def layer_windows(config: PretrainedConfig) -> list[tuple[str, int | None]]:
-    """Per layer, ``("full", None)``, ``("sliding", w)`` or ``("chunked", c)``, as transformers builds the masks.
-
-    ``config.sliding_window`` applies to the layers ``config.layer_types`` marks ``"sliding_attention"`` (Gemma 2/3,
-    gpt-oss, Qwen2/3 with ``use_sliding_window``), or to every layer of a config without layer types (Mistral,
-    Mixtral, Phi-3 with a window set); ``use_sliding_window = False`` turns it off. ``"chunked_attention"`` layers use
-    ``config.attention_chunk_size``.
-    """
-    config = text_config(config)
-    n = config.num_hidden_layers
-    window = getattr(config, "sliding_window", None)
-    if getattr(config, "use_sliding_window", True) is False:
-        window = None
-    chunk = getattr(config, "attention_chunk_size", None)
-    layer_types = getattr(config, "layer_types", None)
-    if not layer_types:
-        return [("sliding", int(window)) if window else ("full", None)] * n
-    out: list[tuple[str, int | None]] = []
-    for kind in layer_types[:n]:
-        if kind == "sliding_attention" and window:
-            out.append(("sliding", int(window)))
-        elif kind == "chunked_attention" and chunk:
-            out.append(("chunked", int(chunk)))
-        else:
-            out.append(("full", None))
-    return out
 
 
 def mean_keys_per_query(kind: str, size: int | None, seq_length: int) -> float:
