@@ -270,8 +270,10 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--max-skips-in-a-row", type=cli.positive_int, default=10, metavar="N",
                    help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
     p.add_argument(
-        "--rope-theta", type=cli.positive_float, default=None, help="override the RoPE base (default: the model's)"
-    )
+        "--rope-theta", type=cli.positive_float, default=None,
+        help="override the RoPE base (default: the model's); Gemma 2/3 and other per-layer-type RoPE: the global "
+             "layers' only, sliding-window layers keep theirs",
+    )  # fmt: skip
     add_backend_args(p, default="zigzag_ring_attn")  # --parallel_mode, each backend's options, --kernel
     p.add_argument("--sp-size", type=cli.positive_int, default=None, help="ranks per sequence (DP x SP); default all")
     p.add_argument("--balance-documents", action="store_true",

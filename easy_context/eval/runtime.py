@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
+from easy_context import cli
 from easy_context.core.groups import launch_error
 from easy_context.core.registry import add_backend_args
 from easy_context.sp_config import SPConfig, resolve_sp_config
@@ -209,7 +210,8 @@ def add_runtime_args(parser) -> None:
         mode_help=f"{', '.join(ec.SEQ_ALGOS)}; default {DEFAULT_SP_MODE} on several processes, data_parallel on one",
         kernel_help="local attention kernel (SP modes)",
     )
-    parser.add_argument("--rope_theta", "--rope-theta", type=float, default=None, help="override the RoPE base")
+    parser.add_argument("--rope_theta", "--rope-theta", type=cli.positive_float, default=None,
+                        help="override the RoPE base (Gemma 2/3: the global layers' only)")  # fmt: skip
     parser.add_argument("--rope_scaling", "--rope-scaling", default=None, metavar="TYPE:FACTOR[:ORIGINAL]",
                         help="training-free RoPE scaling, e.g. yarn:8, dynamic:8 (dynamic NTK), linear:4; ORIGINAL: "
                              "the trained length (default: the model's max_position_embeddings)")  # fmt: skip
