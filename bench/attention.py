@@ -31,14 +31,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from easy_context.backends.zigzag_ring_attn import simulate as zigzag_sim  # noqa: E402
+from easy_context.backends.zigzag_ring_attn import zigzag_shard  # noqa: E402
 from easy_context.kernels import KERNELS, kernel_works  # noqa: E402
-from easy_context.zigzag_ring_attn import simulate as zigzag_sim  # noqa: E402
-from easy_context.zigzag_ring_attn import zigzag_shard  # noqa: E402
 
 SCHEDULES = {"zigzag_ring_attn": (zigzag_sim, zigzag_shard)}
 try:
-    from easy_context.dist_flash_attn import simulate as dist_flash_sim  # noqa: E402
-    from easy_context.ulysses_attn import contiguous_shard  # noqa: E402
+    from easy_context.backends.dist_flash_attn import simulate as dist_flash_sim  # noqa: E402
+    from easy_context.backends.ulysses_attn import contiguous_shard  # noqa: E402
 
     SCHEDULES["dist_flash_attn"] = (dist_flash_sim, contiguous_shard)
 except Exception:  # backend not present (or not importable) in this tree
@@ -165,7 +165,7 @@ def _schedule_fwd_bwd(sim, kern, qs, ks, vs, ds, d):
 
 def _zigzag_kernels_only(kern, qs, ks, vs, ds, d):
     """The zigzag schedule's kernel calls without merges or gradient accumulation (the ceiling)."""
-    from easy_context.zigzag_ring_attn import zigzag_blocks
+    from easy_context.backends.zigzag_ring_attn import zigzag_blocks
 
     world = len(qs)
 

@@ -27,11 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import easy_context as ec  # noqa: E402
+from easy_context.backends.dist_flash_attn import simulate as dist_flash_sim  # noqa: E402
+from easy_context.backends.zigzag_ring_attn import simulate as zigzag_sim  # noqa: E402
 from easy_context.core.documents import Documents  # noqa: E402
 from easy_context.core.local_attn import local_attention  # noqa: E402
-from easy_context.dist_flash_attn import simulate as dist_flash_sim  # noqa: E402
 from easy_context.kernels import KERNELS, get_kernel, kernel_works  # noqa: E402
-from easy_context.zigzag_ring_attn import simulate as zigzag_sim  # noqa: E402
 
 
 def mixed_lengths(seq: int, world: int, seed: int) -> list[int]:

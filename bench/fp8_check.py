@@ -1,5 +1,5 @@
 """FP8 linears (``--fp8``, easy_context.training.fp8) on one GPU: shape rules, GEMM speed, and a loss curve against
-bf16 on real text. The 7B step is bench/train_step.py's (bench/fp8_check.sh runs both).
+bf16 on real text. The 7B step is bench/train_step.py's (gpu_runs/fp8_check.sh runs both).
 
     python bench/fp8_check.py --out $OUT/fp8_check.jsonl --curves $OUT/fp8_curves.jsonl     # ~2-3 min on one H200
     python bench/fp8_check.py --sections numerics --steps 300

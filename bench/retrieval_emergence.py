@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from easy_context.data import load_documents, train_byte_level_bpe
 from easy_context.data.needles import NeedleMix, retrieval_row
-from easy_context.eval.haystack import Haystack, read_haystack_text
-from easy_context.eval.needle import make_case
+from easy_context.tasks.haystack import Haystack, read_haystack_text
+from easy_context.tasks.needle import make_case
 
 
 def parse_args(argv=None) -> argparse.Namespace:

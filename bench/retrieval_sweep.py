@@ -1,7 +1,7 @@
 """Retrieval emergence at the CPU demo's batch (16 rows of 256 tokens) and the extension after it.
 
 Rows come from the library (``easy_context.data.needles.retrieval_row``), prompts from the eval
-(``easy_context.eval.needle.make_case``); a plain loop (HF Llama, AdamW, bf16 autocast on CUDA) trains a base model,
+(``easy_context.tasks.needle.make_case``); a plain loop (HF Llama, AdamW, bf16 autocast on CUDA) trains a base model,
 reports teacher-forced retrieval at haystacks 64/128/192 every 250 steps, and, once it retrieves (>= 0.8), extends it
 (RoPE base raised, rows of 2048 tokens) and reports retrieval at 384/768/1536. Each configuration runs as its own
 process (8 side by side fit one H200); results go to $OUT/<name>.log. The sweeps of docs/benchmarks.md ("Third
@@ -30,9 +30,9 @@ import torch
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 from easy_context.data.needles import NeedleMix, retrieval_row
-from easy_context.eval.haystack import Haystack, read_haystack_text
-from easy_context.eval.needle import make_case
 from easy_context.eval.scoring import answer_split
+from easy_context.tasks.haystack import Haystack, read_haystack_text
+from easy_context.tasks.needle import make_case
 
 OUT = os.environ.get("OUT", "/tmp/out")
 PG = os.environ.get("ESSAYS", os.path.join(ROOT, "PaulGrahamEssays"))

@@ -12,7 +12,7 @@ peak GPU memory (peak host RSS on CPU)::
     python bench/sp_train.py --nproc 8 --model shape:llama-2-7b \\
         --accelerate-config accelerate_configs/single_node.yaml \\
         --modes zigzag_ring_attn ulysses_attn usp_attn dist_flash_attn --seq 65536 131072 524288 716800 \\
-        --checkpointing full --kernel cudnn --out docs/results/sp_train.jsonl
+        --checkpointing full --kernel cudnn --out results/h200/sp_train.jsonl
     # longest context, 8 GPUs
     python bench/sp_train.py --nproc 8 --model shape:llama-3-8b \\
         --accelerate-config accelerate_configs/single_node.yaml \\

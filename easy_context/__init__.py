@@ -12,10 +12,18 @@ Functional API::
 
 from __future__ import annotations
 
-import sys
+import importlib
 
-from . import backends, usp_attn  # noqa: F401  (backends: registers the built-in backends, in their order)
-from .compat import (  # EasyContext's per-backend names
+from easy_context import backends  # noqa: F401  (registers the built-in backends, in their order)
+from easy_context.core import registry
+from easy_context.core.documents import Documents, find_documents
+from easy_context.core.groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
+from easy_context.core.inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
+from easy_context.core.padding import pad_to_multiple
+from easy_context.core.registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
+from easy_context.kernels import KERNEL_NAMES, get_kernel
+from easy_context.legacy import paths as _legacy_paths
+from easy_context.legacy.names import (  # EasyContext's per-backend names
     apply_dist_flash_attn_monkey_patch_llama,
     apply_ulysses_attn_monkey_patch_llama,
     apply_usp_attn_monkey_patch_llama,
@@ -26,24 +34,12 @@ from .compat import (  # EasyContext's per-backend names
     prepare_usp_attn_inputs,
     prepare_zigzag_ring_attn_inputs,
 )
-from .core import registry
-from .core.documents import Documents, find_documents
-from .core.groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
-from .core.inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
-from .core.padding import pad_to_multiple
-from .core.registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
-from .kernels import KERNEL_NAMES, get_kernel
-from .training.dataloader import prepare_dataloader
-from .training.fp8 import quiet_torchao_import
-from .usp_attn import monkey_patch as _usp_monkey_patch
-from .usp_attn import prepare_inputs as _usp_prepare_inputs
+from easy_context.training.dataloader import prepare_dataloader
+from easy_context.training.fp8 import quiet_torchao_import
 
 quiet_torchao_import()  # transformers' model code imports torchao (installed for --fp8): not its CPU log noise
 
-# EasyContext's USP package was ``easy_context.usp``: its module paths name ours
-sys.modules[f"{__name__}.usp"] = usp_attn
-sys.modules[f"{__name__}.usp.prepare_inputs"] = _usp_prepare_inputs
-sys.modules[f"{__name__}.usp.monkey_patch"] = _usp_monkey_patch
+_legacy_paths.install()  # EasyContext's module paths (easy_context.zigzag_ring_attn.prepare_inputs, ...)
 
 
 def apply_seq_parallel_monkey_patch(seq_algo, model, always=False, **options):
@@ -51,7 +47,7 @@ def apply_seq_parallel_monkey_patch(seq_algo, model, always=False, **options):
 
     See :func:`easy_context.hf.apply_seq_parallel_monkey_patch` (imported lazily: transformers is optional).
     """
-    from .hf import apply_seq_parallel_monkey_patch as patch
+    from easy_context.hf import apply_seq_parallel_monkey_patch as patch
 
     return patch(seq_algo, model, always=always, **options)
 
@@ -62,7 +58,7 @@ def apply_unsloth_offloaded_gradient_checkpoint_monkey_patch():
     See :mod:`easy_context.memory.offload_checkpoint` (``enable_offloaded_checkpointing(model)`` is the
     explicit alternative).
     """
-    from .memory import apply_unsloth_offloaded_gradient_checkpoint_monkey_patch as patch
+    from easy_context.memory import apply_unsloth_offloaded_gradient_checkpoint_monkey_patch as patch
 
     return patch()
 
@@ -73,8 +69,8 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     if name == "SEQ_ALGOS":  # live view: backends registered later appear too
         return registry.SEQ_ALGOS
-    if name == "usp":  # EasyContext's package name (``import easy_context.usp.prepare_inputs``)
-        return usp_attn
+    if name in _legacy_paths.PACKAGES:  # EasyContext's package names (``easy_context.usp``, ...)
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'easy_context' has no attribute {name!r}")
 
 
@@ -99,7 +95,7 @@ __all__ = [
     "register_seq_algo",
     "reset_groups",
     "seq_multiple",
-    # EasyContext's per-backend names (easy_context.compat)
+    # EasyContext's per-backend names (easy_context.legacy.names)
     "apply_dist_flash_attn_monkey_patch_llama",
     "apply_ulysses_attn_monkey_patch_llama",
     "apply_usp_attn_monkey_patch_llama",

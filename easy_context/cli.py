@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from collections.abc import Callable
 
 SPELLING_NOTE = "Every --long-flag is also accepted with underscores (--seq_length = --seq-length), and vice versa."
@@ -131,65 +130,9 @@ def retype(parser: argparse.ArgumentParser, **types: Callable[[str], object]) ->
 
 # A hub repo id: [org/]name of letters, digits, "-", "_", "." (no "--" or "..", no leading or trailing "-" or "."),
 # at most 96 characters a part (huggingface_hub's validate_repo_id).
-_HUB_PART = r"\w(?:[\w.-]{0,94}\w)?"
-_HUB_ID = re.compile(rf"(?:{_HUB_PART}/)?{_HUB_PART}")
+
+
 # Folder names that training runs write to: ``out/llama2-64k`` names a run's output, not user "out"'s model.
-LOCAL_FOLDER_NAMES = frozenset(
-    {"out", "output", "outputs", "checkpoints", "checkpoint", "ckpt", "ckpts", "runs", "run", "results", "saved",
-     "save", "tmp", "exp", "exps", "experiments", "logs", "data", "models", "model", "work", "scratch"}
-)  # fmt: skip
-
-
-def hub_offline() -> bool:
-    """Whether HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set (as huggingface_hub reads them)."""
-    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in names)
-
-
-def hub_cache_dir() -> str:
-    """The hub cache folder, as huggingface_hub resolves it (read at each call): $HF_HUB_CACHE, else the legacy
-    $HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub (default ~/.cache)."""
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-    )
-    legacy = os.environ.get("HUGGINGFACE_HUB_CACHE")
-    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or legacy or os.path.join(home, "hub"))
-
-
-def hub_cached(repo_id: str) -> bool:
-    """Whether the hub cache holds a snapshot of the model ``repo_id`` (what an offline run can load)."""
-    snapshots = os.path.join(hub_cache_dir(), "models--" + repo_id.replace("/", "--"), "snapshots")
-    return os.path.isdir(snapshots) and bool(os.listdir(snapshots))
-
-
-def model_source_error(name: str | None, flag: str = "--model") -> str | None:
-    """A one-line error when ``name`` (a ``--model`` / ``--tokenizer`` value) can be neither a local path nor a hub id,
-    decided without the network; None when it is an existing path, a preset, ``shape:<name>``, or a hub id worth
-    trying (in the hub cache when offline).
-
-    A name that does not exist here is refused, naming both readings, when it cannot be a hub id (its syntax, or its
-    first part is a local folder or a typical output folder such as ``out/``), or when the run is offline and the
-    hub cache lacks an ``org/name`` (transformers would fail later, after the tokenizer, with a traceback)."""
-    from .models import is_random_init, missing_local_path
-
-    if not name or is_random_init(name):
-        return None
-    missing = missing_local_path(name, flag)  # paths that only a folder can be (./x, /x, ~/x, a/b/c), GGUF files
-    if missing or os.path.exists(os.path.expanduser(name)):
-        return missing
-    local = f"{flag} {name}: no local folder of that name"
-    fix = "train or fetch it first, or pass an existing folder or a hub id org/name"
-    if not _HUB_ID.fullmatch(name) or "--" in name or ".." in name:
-        return f"{local}, and not a hub id (those look like org/name): {fix}"
-    org = name.split("/")[0] if "/" in name else None
-    if org is not None and os.path.isdir(org):
-        return f"{local} (though {org}/ is one here), so not read as a hub id: {fix}"
-    if org is not None and org.lower() in LOCAL_FOLDER_NAMES:
-        return f"{local}, and not read as a hub id ({org}/ is an output folder name, not a hub organization): {fix}"
-    if org is not None and hub_offline() and not hub_cached(name):  # bare names (gpt2): transformers' own error
-        return (f"{local}, and hub model {name} is not in the hub cache (offline: HF_HUB_OFFLINE or "
-                "TRANSFORMERS_OFFLINE is set): download it online once, or pass an existing folder")  # fmt: skip
-    return None
 
 
 def launched_rank() -> int | None:

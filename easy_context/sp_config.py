@@ -5,7 +5,7 @@ train.py, the evals and the benches build it with one call and ask it every layo
     sp = resolve_sp_config("usp_attn", sp_size=4, kernel="auto", ring_degree=None)  # defaults resolved
     sp.check_model(model.config).check_length(65536)   # the backend's own rules: heads, length multiple
     sp.attach(model)                                    # the model attends through sp (see attach)
-    shard = sp.shard(input_ids, position_ids, target_ids, "cuda")  # this rank's piece of one batch
+    local = sp.local_batch(input_ids, position_ids, target_ids, "cuda")  # this rank's piece of one batch
 
 Building it joins (or creates) the process group: without one, a 1-process gloo group (a ``HashStore``) so SP code
 runs unchanged on one process; then the DP x SP mesh (:func:`~easy_context.core.groups.init_sp_groups`).
@@ -16,16 +16,25 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from .core.groups import get_dp_group, get_sp_group, init_sp_groups
-from .core.layout import Layout
-from .core.registry import get_seq_algo, unknown_mode_error
-from .core.seq_algo import SeqAlgo
-from .kernels import KERNEL_NAMES
+from easy_context.core.groups import get_dp_group, get_sp_group, init_sp_groups
+from easy_context.core.layout import Layout
+from easy_context.core.registry import get_seq_algo, unknown_mode_error
+from easy_context.core.seq_algo import SeqAlgo
+from easy_context.kernels import KERNEL_NAMES
+
+
+class LocalBatch(NamedTuple):
+    """This rank's piece of one batch, each ``(batch, seq_local)`` int64 on the device: input ids, their global
+    position ids, and the targets (target ``i`` is the token after input ``i``; -100: none)."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    target_ids: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,28 @@ class SPConfig:
               device: torch.device | str) -> dict[str, torch.Tensor]:  # fmt: skip
         """This rank's ``local_input_ids`` / ``local_position_ids`` / ``local_target_ids`` of full ``(batch, seq)``
         tensors (:func:`easy_context.prepare_seq_parallel_inputs`)."""
-        from .core.inputs import prepare_seq_parallel_inputs
+        from easy_context.core.inputs import prepare_seq_parallel_inputs
 
         return prepare_seq_parallel_inputs(self.backend, input_ids, position_ids, target_ids, self.sp_rank,
                                            self.sp_size, device, **self.options)  # fmt: skip
+
+    def local_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, target_ids: torch.Tensor | None,
+                    device: torch.device | str, *, pad_token_id: int | None = None) -> LocalBatch:  # fmt: skip
+        """This rank's :class:`LocalBatch` of full ``(batch, seq)`` host or device tensors, moved to ``device`` once:
+        the one shard path of train.py, the Trainer and the evals. ``target_ids`` are already shifted (target ``i``
+        is the token after input ``i``). With ``pad_token_id`` the sequence is first padded to the backend's
+        multiple (pad tokens last, targets -100, positions counting on); without it the length must divide.
+        ``position_ids`` None: ``0 .. seq-1`` per row."""
+        from easy_context.core.inputs import pad_seq_parallel_inputs
+
+        if pad_token_id is not None:
+            input_ids, position_ids, target_ids = pad_seq_parallel_inputs(
+                self.backend, input_ids, position_ids, target_ids, self.sp_size, pad_token_id, **self.options
+            )
+        elif position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        local = self.shard(input_ids, position_ids, target_ids, device)
+        return LocalBatch(local["local_input_ids"], local["local_position_ids"], local["local_target_ids"])
 
     def attach(self, model: Any, *, through_easy_context: bool | None = None) -> Any:
         """Make a transformers ``model`` attend with this backend and kernel; returns it.
@@ -97,7 +124,7 @@ class SPConfig:
         own attention unless ``through_easy_context`` (None: only when a kernel other than ``"auto"`` is named):
         checkpoint-after-attention and the benches need easy_context's kernel interface there.
         """
-        from .hf.patch import apply_seq_parallel_monkey_patch
+        from easy_context.hf.patch import apply_seq_parallel_monkey_patch
 
         if through_easy_context is None:
             through_easy_context = self.kernel != "auto"

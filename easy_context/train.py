@@ -15,43 +15,36 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
 import sys
 import time
-from contextlib import contextmanager
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.tracking import get_available_trackers
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, LoggerType, set_seed
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 from transformers import get_scheduler
 
 import easy_context as ec
-from easy_context import cli, launch_configs
-from easy_context.core.document_order import balance_documents
+from easy_context import cli
 from easy_context.core.groups import collective_timeout, launch_error
-from easy_context.core.registry import add_backend_args, option_values, unknown_mode_error
-from easy_context.data import load_tokenizer, load_train_dataset, random_source_rows
-from easy_context.loss import (
-    LOSS_CHOICES,
-    CausalLMWithLoss,
-    all_reduce_count,
-    global_mean_for_logging,
-    global_mean_loss,
-    resolve_loss_impl,
-)
-from easy_context.memory import CHECKPOINT_MODES, apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
-from easy_context.models import PRESETS, is_random_init, load_model, match_special_tokens
+from easy_context.core.registry import option_values
+from easy_context.data import load_train_dataset
+from easy_context.loss import CausalLMWithLoss, resolve_loss_impl
+from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
+from easy_context.models import is_random_init, load_model, match_special_tokens
+from easy_context.models.tokenizer import load_tokenizer
 from easy_context.sp_config import SPConfig, resolve_sp_config
-from easy_context.training import fp8, recipe
+from easy_context.training import flags, fp8, recipe
 from easy_context.training.compile import compile_regions
 from easy_context.training.deepspeed_precision import deepspeed_precision_error
+from easy_context.training.flags import TRACKERS, check_tracker  # noqa: F401  (tests import them from here)
+from easy_context.training.guard import RunGuard, exit_on
 from easy_context.training.metrics import MetricsLogger
-from easy_context.training.optim import OPTIMIZERS, build_optimizer
+from easy_context.training.optim import build_optimizer
 from easy_context.training.process_exit import run_program
+from easy_context.training.step import TrainStep, nonfinite_problem, split_batch, to_host  # noqa: F401  (as above)
 from easy_context.training.train_state import (
     CheckpointError,
     DataLayout,
@@ -61,15 +54,10 @@ from easy_context.training.train_state import (
     read_training_position,
     remove_stale_temp,
     resume_plan,
-    save_hf_checkpoint,
-    save_training_state,
 )
-from easy_context.training.watchdog import StepTimeout, Watchdog, parse_step_timeout
-
-TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate knows ("all": those installed)
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()  # --time-limit counts from here (start-up and model loading included)
     args = parse_args(argv)
     accelerator = make_accelerator(args)
@@ -77,23 +65,18 @@ def main(argv=None) -> None:
     start_step, position = resume_position(args, accelerator.process_index)
     last_step = args.max_train_steps if args.stop_at_step is None else min(args.max_train_steps, args.stop_at_step)
     if start_step >= last_step:  # e.g. a re-queued job resuming a finished run: done before building anything
-        if accelerator.is_main_process:
-            until = f", --stop-at-step {args.stop_at_step}" if last_step < args.max_train_steps else ""
-            print(f"nothing to train: {'resumed at' if args.resume_from else 'at'} step {start_step} of "
-                  f"{args.max_train_steps}{until}")  # fmt: skip
-        return
+        return nothing_to_train(args, accelerator, start_step, last_step)
     args.loss = resolve_loss(args, accelerator)  # "auto" made concrete once: run_config.json records what runs
     set_seed(args.seed)
     sp = sp_config(args)  # the backend, its options, the kernel and this rank's place: every layout question
 
-    # model, data, optimizer
+    # model, data, optimizer, and what bounds and saves the run
     tokenizer = load_tokenizer_if_needed(args)
     model = build_model(args, tokenizer, sp)
     train_model = CausalLMWithLoss(model, impl=args.loss)
     sampler, loader = build_loader(args, tokenizer, model.config.vocab_size, accelerator)
     optimizer, scheduler = build_optimizer_and_schedule(args, accelerator, train_model)
     train_model, optimizer, scheduler = accelerator.prepare(train_model, optimizer, scheduler)
-    ds = accelerator.state.deepspeed_plugin
     record = record_run(args, accelerator, optimizer, sp.sp_size)
     if args.resume_from:
         with exit_on(CheckpointError):
@@ -103,310 +86,54 @@ def main(argv=None) -> None:
     step_tokens = tokens_per_step(args, sp)
     metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step,
                             start_tokens=tokens)  # fmt: skip
-    fixed, floor = parse_step_timeout(args.step_timeout)
-    long_phase = max(fixed or 0, 1800)  # the first step (compile, warm-up) and checkpoint saves
-    timeouts = StepTimeout(fixed, first_s=long_phase, floor_s=floor)  # fixed, or 10x the slowest step (>= floor)
-    watchdog = Watchdog(fixed or long_phase, accelerator.process_index).start(within_s=long_phase) if (
-        fixed != 0) else None  # fmt: skip  # a stuck rank or a dead launcher ends the job: never a hang
+    guard = RunGuard(args, accelerator, started, last_step, record, layout)
+    train_step = TrainStep(accelerator, train_model, optimizer, scheduler, sp, balance_documents=args.balance_documents,
+                           grad_clip=args.grad_clip, nonfinite=args.nonfinite,
+                           max_skips_in_a_row=args.max_skips_in_a_row, skipped=skipped)  # fmt: skip
 
     # the loop: one optimizer step of --gradient-accumulate-every micro-batches per iteration
     stream = micro_batch_stream(loader, sampler, skip=consumed)
-    check_grad_norm = accelerator.mixed_precision != "fp16"  # fp16 loss scaling: inf gradients are the scaler's
-    skips_in_a_row = 0
     bar = tqdm(range(start_step, last_step), disable=not accelerator.is_local_main_process,
                initial=start_step, total=args.max_train_steps)  # fmt: skip
     for step in bar:
-        step_started = time.monotonic()
-        batches = [next(stream) for _ in range(args.gradient_accumulate_every)]
-        consumed += len(batches)
-        shards = [sp.shard(*host_batch(b, sp, args.balance_documents), "cpu") for b in batches]
-        # exact token-mean over every micro-batch, rank and DP replica of this optimizer step: one count, on the
-        # host (no device sync), all-reduced once
-        n_local = sum(int((s["local_target_ids"] != -100).sum()) for s in shards)
-        n_total = all_reduce_count(n_local, device=accelerator.device)
-        shards = [{k: v.to(accelerator.device, non_blocking=True) for k, v in s.items()} for s in shards]
-        sums = []
-        for shard in shards:
-            with accelerator.accumulate(train_model):
-                loss_sum, n = train_model(shard["local_input_ids"], shard["local_position_ids"],
-                                          shard["local_target_ids"])  # fmt: skip
-                # accelerate/DeepSpeed average grads over ranks and divide by the accumulation steps: undo both
-                loss = global_mean_loss(loss_sum * len(shards), n_total, grad_average_world=accelerator.num_processes,
-                                        already_reduced=True)  # fmt: skip
-                accelerator.backward(loss)  # under DeepSpeed the step's last backward also runs its optimizer step
-            sums.append(loss_sum.detach())
-        # one decision per step, before the update and the same on every rank: the loss is reduced over ranks here,
-        # the gradients already are (identical on each). DeepSpeed stepped in the last backward; ZeRO-3 skips an
-        # update from non-finite gradients itself, and its norm tells
-        grad_norm = None
-        if args.grad_clip or ds is not None:  # DeepSpeed clips inside its step: this returns its norm
-            grad_norm = accelerator.clip_grad_norm_(train_model.parameters(), args.grad_clip)
-        logged, grad_norm = to_host(global_mean_for_logging(torch.stack(sums).sum(), n_local), grad_norm)
-        problem = nonfinite_problem(step + 1, logged, grad_norm if check_grad_norm else None)
-        if problem is None:
-            skips_in_a_row = 0
-            optimizer.step()  # a no-op under DeepSpeed
-        else:
-            skipped, skips_in_a_row = skipped + 1, skips_in_a_row + 1
-            stop_unless_skippable(problem, args, skips_in_a_row, ds is not None and train_model.was_step_applied())
-        scheduler.step()
-        optimizer.zero_grad()
-        tokens += step_tokens
-        if watchdog:
-            watchdog.beat(step + 1, within_s=timeouts.after(time.monotonic() - step_started))
-        timed = args.time_limit is not None and step + 1 < last_step
-        if timed and out_of_time(started, args.time_limit, accelerator.device):
-            last_step = step + 1  # every rank takes the same decision (all-reduced): log, save the state, stop
-            if accelerator.is_main_process:
-                print(f"--time-limit {args.time_limit:g} s reached after step {last_step}: saving and stopping")
-        if (step + 1) % args.log_every == 0 or step + 1 == last_step:
-            row = metrics.log(step + 1, logged, scheduler.get_last_lr()[0], skipped)
-            bar.set_postfix(loss=f"{logged:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
-                            **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
-                            mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
-        stopping = step + 1 == args.stop_at_step or step + 1 == last_step < args.max_train_steps  # or --time-limit
-        if (args.save_every and (step + 1) % args.save_every == 0) or stopping:
-            if watchdog:
-                watchdog.beat(step + 1, within_s=long_phase, doing=f"saving state-step{step + 1}")
-            save_state(accelerator, f"{args.output_dir}/state-step{step + 1}", step + 1, consumed, skipped, record,
-                       layout, tokens)  # fmt: skip
-            if watchdog:
-                watchdog.beat(step + 1, within_s=timeouts.current)
-        if step + 1 == last_step:
+        guard.step_begins()
+        batches = [next(stream) for _ in range(args.gradient_accumulate_every)]  # on the host
+        loss = train_step(step + 1, batches)
+        consumed, tokens = consumed + len(batches), tokens + step_tokens
+        last = guard.step_done(step + 1)  # --time-limit may make this step the last
+        if (step + 1) % args.log_every == 0 or last:
+            show(bar, metrics.log(step + 1, loss, scheduler.get_last_lr()[0], train_step.skipped))
+        if guard.save_due(step + 1):
+            guard.save_state(step + 1, consumed, train_step.skipped, tokens)
+        if last:
             break
 
-    if watchdog:
-        watchdog.beat(last_step, within_s=long_phase, doing="saving the final model")
-    if not args.no_save:
-        with exit_on(CheckpointError):
-            save_hf_checkpoint(accelerator, train_model, tokenizer, args.output_dir)
-    if watchdog:  # left running until the process exits (exit_process): a teardown that hangs ends too
-        watchdog.beat(last_step, within_s=300, doing="shutting down")
+    guard.save_final(train_model, tokenizer)
     for tracker in accelerator.trackers:  # not accelerator.end_training(): it destroys the world group while
         tracker.finish()  # the model still holds it, and freeing it later can deadlock (process_exit.py)
     if accelerator.is_main_process:
         what = "metrics in" if args.no_save else "saved"
         # the last step's loss on the tokens it trained (needle rows: only their answers), not an evaluation
-        print(f"{what} {args.output_dir} (final loss {logged:.4f}: the last step's, on its trained tokens)")
+        print(f"{what} {args.output_dir} (final loss {loss:.4f}: the last step's, on its trained tokens)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# flags
-
-
-def step_timeout(text: str) -> str:
-    """argparse type of ``--step-timeout``: checked by :func:`~easy_context.training.watchdog.parse_step_timeout`,
-    kept as written (run_config.json records it so)."""
-    try:
-        parse_step_timeout(text)
-        return text
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--step-timeout {text!r}: ")) from None
-
-
-class PrintConfigPath(argparse.Action):
-    """``--print-config-path NAME``: print a shipped launch config's path and exit (no other flag needed)."""
-
-    not_a_recipe_key = True
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        try:
-            print(launch_configs.path(values))
-        except ValueError as exc:
-            parser.error(str(exc))
-        parser.exit()
+# flags (easy_context/training/flags.py)
 
 
 def build_parser() -> cli.ArgumentParser:
-    p = cli.ArgumentParser(description=__doc__)
-    p.add_argument("--config", default=None, metavar="RECIPE.yaml",
-                   help="a YAML recipe (docs/recipes.md): every flag is a key (seq-length: 65536); flags given "
-                        "on the command line override it")  # fmt: skip
-    p.add_argument("--print-config-path", action=PrintConfigPath, metavar="NAME",
-                   help=f"print the path of a shipped launch config ({', '.join(launch_configs.names())}) "
-                        "and exit")  # fmt: skip
-    p.add_argument(
-        "--model",
-        required=True,
-        help=f"hub id, local path, a preset ({', '.join(PRESETS)}) or shape:<name> (random-init "
-        "full-size architecture, e.g. shape:llama-2-7b, vocab from --tokenizer)",
-    )
-    p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
-    p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name, "
-                   "or random[:ROWS] (random tokens, no tokenizer needed: throughput and memory probes)")  # fmt: skip
-    p.add_argument("--vocab-size", type=cli.positive_int, default=None,
-                   help="vocabulary of a random-init model trained on --dataset random without --tokenizer "
-                        "(shape: models default to their published vocab)")  # fmt: skip
-    p.add_argument("--output-dir", required=True, help="where the final checkpoint, states and logs go")
-    p.add_argument("--seq-length", type=cli.positive_int, default=16384, help="tokens per training sequence")
-    p.add_argument(
-        "--batch-size", type=cli.positive_int, default=1, help="sequences per micro-batch per data-parallel group"
-    )
-    p.add_argument(
-        "--gradient-accumulate-every", type=cli.positive_int, default=8, help="micro-batches per optimizer step"
-    )
-    p.add_argument("--max-train-steps", type=cli.positive_int, default=400, help="optimizer steps of the run")
-    p.add_argument("--learning-rate", type=cli.positive_float, default=2e-5, help="peak learning rate")
-    p.add_argument(
-        "--warmup-steps", type=cli.non_negative_int, default=20, help="linear warmup steps of the LR schedule"
-    )
-    p.add_argument("--lr-schedule", default="constant_with_warmup", help="transformers scheduler name")
-    p.add_argument("--weight-decay", type=cli.non_negative_float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--adam-betas", type=cli.decay_rate, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"),
-                   help="AdamW betas (0.9 0.95 is the usual LLM pretraining choice)")  # fmt: skip
-    p.add_argument(
-        "--optimizer",
-        default="adamw",
-        choices=OPTIMIZERS,
-        help="host_adamw: fp32 master weights + Adam moments in host memory, without DeepSpeed",
-    )
-    p.add_argument(
-        "--grad-clip", type=cli.non_negative_float, default=1.0, help="clip the gradient norm to this; 0: no clipping"
-    )
-    p.add_argument("--nonfinite", default="stop", choices=["stop", "skip"],
-                   help="a step whose loss or gradient norm (checked with --grad-clip or DeepSpeed) is inf/NaN: stop "
-                        "(exit with an error, before that update and any checkpoint from it) or skip (drop its "
-                        "update; the data and the LR schedule still advance; metrics count skipped_steps)")  # fmt: skip
-    p.add_argument("--max-skips-in-a-row", type=cli.positive_int, default=10, metavar="N",
-                   help="--nonfinite skip: stop with an error at the (N+1)-th non-finite step in a row")  # fmt: skip
-    p.add_argument(
-        "--rope-theta", type=cli.positive_float, default=None,
-        help="override the RoPE base (default: the model's); Gemma 2/3 and other per-layer-type RoPE: the global "
-             "layers' only, sliding-window layers keep theirs",
-    )  # fmt: skip
-    add_backend_args(p, default="zigzag_ring_attn")  # --parallel_mode, each backend's options, --kernel
-    p.add_argument("--sp-size", type=cli.positive_int, default=None, help="ranks per sequence (DP x SP); default all")
-    p.add_argument("--balance-documents", action="store_true",
-                   help="packed documents (--pack documents): reorder each row's whole documents so every ring step's "
-                        "work is even over the ranks (exact: the same loss and gradients; zigzag 128K on 8 ranks: "
-                        "1.37x less lockstep attention time, counted; docs/documents.md)")  # fmt: skip
-    p.add_argument(
-        "--checkpointing",
-        default="full",
-        choices=list(CHECKPOINT_MODES),
-        help="; ".join(f"{k}: {v}" for k, v in CHECKPOINT_MODES.items()),
-    )
-    p.add_argument("--offload-layers", type=cli.non_negative_int, default=None, metavar="K",
-                   help="with --checkpointing offload/attn-offload: the first K stored layer inputs go to the host "
-                        "(pageable), the rest stay on the GPU (when the host cannot hold them all)")  # fmt: skip
-    p.add_argument("--checkpoint-every", type=cli.positive_int, default=1, metavar="K",
-                   help="with --checkpointing full/offload: keep only every K-th layer input, regenerate the others "
-                        "in the backward (1/K of the checkpoint bytes, (K-1)/K extra forward per layer)")  # fmt: skip
-    p.add_argument("--fp8", action="store_true",
-                   help="the decoder layers' linears in float8 (torchao, rowwise scales; needs sm89+, e.g. H100/H200; "
-                        "attention, norms and the LM-head loss stay in --dtype): docs/fp8.md")  # fmt: skip
-    p.add_argument("--fp8-emulate", action="store_true",
-                   help="--fp8 with the float8 casts emulated in fp32 GEMMs (CPU tests; no speed-up)")  # fmt: skip
-    p.add_argument(
-        "--chunked-rmsnorm",
-        action="store_true",
-        help="RMSNorms without fp32 (seq, hidden) copies (same values; the long-context memory peak)",
-    )
-    p.add_argument(
-        "--tiled-mlp", type=cli.non_negative_int, default=0, metavar="TILES", help="run MLPs over this many tiles"
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the norms, the MLPs' gated products and RoPE of every layer (attention and the "
-        "down projections stay eager: easy_context/training/compile.py; with --fp8 whole MLPs); not under DeepSpeed",
-    )
-    p.add_argument(
-        "--loss",
-        default="auto",
-        choices=LOSS_CHOICES,
-        help="LM head + cross-entropy implementation "
-        "(auto: liger on a CUDA GPU with liger-kernel installed, else chunked; the same loss either way)",
-    )
-    p.add_argument(
-        "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model weights and compute dtype"
-    )
-    p.add_argument("--seed", type=cli.non_negative_int, default=42, help="data order and random-init weights")
-    p.add_argument(
-        "--save-every",
-        type=cli.non_negative_int,
-        default=0,
-        help="save a resumable state every N steps (0: only at end)",
-    )
-    p.add_argument("--resume-from", default=None,
-                   help="a state dir written by --save-every / --stop-at-step (refused when --model, --seq-length or "
-                        "--parallel_mode differ from its run_config.json)")  # fmt: skip
-    p.add_argument("--step-timeout", type=step_timeout, default="auto", metavar="S",
-                   help="end the job (exit 124) when a rank makes no progress for S seconds, naming the rank and step: "
-                        "a stuck rank or a dead launcher never hangs it. auto: 10x the slowest step so far, at least "
-                        "120 s (auto:MIN_S: at least MIN_S); a number: fixed; 0: off. The first step and saves get "
-                        "max(S, 1800) s")  # fmt: skip
-    p.add_argument("--stop-at-step", type=cli.positive_int, default=None,
-                   help="end this run at that step with a resumable state (time-limited jobs); the schedule "
-                        "still follows --max-train-steps")  # fmt: skip
-    p.add_argument("--time-limit", type=cli.non_negative_float, default=None, metavar="S",
-                   help="end this run after the first step that ends S seconds after its start (start-up included) "
-                        "with a resumable state and the model saved (time-limited jobs); the schedule still follows "
-                        "--max-train-steps")  # fmt: skip
-    p.add_argument("--log-every", type=cli.positive_int, default=1, help="print and log metrics every N steps")
-    p.add_argument("--no-save", action="store_true", help="skip the final checkpoint (benchmarks and probes)")
-    p.add_argument("--tracker", default="none", choices=TRACKERS, metavar="{none,tensorboard,wandb,...}",
-                   help=f"experiment tracker, any of accelerate's: {', '.join(TRACKERS)} (wandb runs offline "
-                        "without WANDB_API_KEY)")  # fmt: skip
-    p.add_argument("--wandb", default=None, help="EasyContext compat: wandb project name (= --tracker wandb)")
-    return p
+    """The program's flags, this module's docstring heading ``--help``."""
+    return flags.build_parser(description=__doc__)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags (``--config`` recipe first, the command line over it), checked: a bad combination is a one-line
     usage error before anything is built."""
-    p = build_parser()
-    args = recipe.parse_args_with_recipe(p, argv)
-    for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
-        error = cli.model_source_error(name, flag)
-        if error:
-            p.error(error)
-    if args.wandb:
-        args.tracker = "wandb"
-    tracker_error = check_tracker(args.tracker)
-    if tracker_error:
-        p.error(tracker_error)
-    try:
-        args.random_rows = random_source_rows(args.dataset)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.random_rows is None and is_random_init(args.model) and not args.tokenizer:
-        p.error(f"--model {args.model} (random init) needs --tokenizer (e.g. DIR/tokenizer of easy_context.data)")
-    if args.vocab_size and args.random_rows is None:
-        p.error("--vocab-size is for --dataset random (a real dataset's ids come from its tokenizer)")
-    if args.random_rows is not None and args.model in PRESETS and not (args.tokenizer or args.vocab_size):
-        p.error(f"--model {args.model} with --dataset {args.dataset}: give --vocab-size (or --tokenizer)")
-    if unknown_mode_error(args.parallel_mode):
-        p.error(unknown_mode_error(args.parallel_mode))
-    return args
-
-
-def check_tracker(name: str) -> str | None:
-    """Why ``--tracker name`` cannot log here (its package is not installed), or None. wandb without an API key is
-    switched to offline mode (runs sync later with ``wandb sync``)."""
-    if name == "none":
-        return None
-    available = [t.value for t in get_available_trackers()]
-    if name == "all" and not available:
-        return f"--tracker all: no tracker is installed (pip install one of {', '.join(TRACKERS[2:])})"
-    if name != "all" and name not in available:
-        return f"--tracker {name} needs the {name} package: pip install {name}"
-    if name in ("wandb", "all") and "WANDB_API_KEY" not in os.environ:
-        os.environ.setdefault("WANDB_MODE", "offline")
-    return None
+    return flags.parse_args(argv, build_parser())
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # setup: each step fails with one line, before any work
-
-
-@contextmanager
-def exit_on(*errors: type[BaseException], flag: str = ""):
-    """Turn the expected failures of one setup step into a one-line ``error: [flag]message`` exit."""
-    try:
-        yield
-    except errors as exc:
-        sys.exit(f"error: {flag}{' '.join(str(exc).split())}")  # one line, also for transformers' multi-line ones
 
 
 def make_accelerator(args) -> Accelerator:
@@ -580,14 +307,15 @@ def apply_fp8(args, model, sp: SPConfig) -> None:
 
 
 def build_loader(args, tokenizer, vocab_size: int, accelerator) -> tuple[EpochShuffleSampler, DataLoader]:
-    """The dataset's rows in a per-epoch shuffled order, one copy per SP group (sharded over DP groups only)."""
+    """The dataset's rows in a per-epoch shuffled order, one copy per SP group (sharded over DP groups only), on the
+    host (:class:`~easy_context.training.step.TrainStep` moves each rank's shard to the device)."""
     with exit_on(OSError, RuntimeError, ValueError):
         dataset = load_train_dataset(args.dataset, tokenizer, args.seq_length, seed=args.seed,
                                      show_progress=accelerator.is_local_main_process,
                                      vocab_size=vocab_size)  # fmt: skip
     sampler = EpochShuffleSampler(len(dataset), args.seed)
     loader = ec.prepare_dataloader(args.parallel_mode, DataLoader(dataset, args.batch_size, sampler=sampler),
-                                   accelerator, sp_size=args.sp_size)  # fmt: skip
+                                   accelerator, sp_size=args.sp_size, put_on_device=False)  # fmt: skip
     return sampler, loader
 
 
@@ -626,15 +354,6 @@ def record_run(args, accelerator, optimizer, sp_size: int) -> dict | None:
     return record
 
 
-def save_state(accelerator, directory: str, step: int, consumed: int, skipped: int, record: dict | None,
-               layout: DataLayout, tokens: int) -> None:  # fmt: skip
-    """A resumable state with the run's record (its ``config``, which --resume-from checks), its data layout and
-    the tokens trained so far."""
-    with exit_on(CheckpointError):
-        save_training_state(accelerator, directory, step, consumed, skipped, layout=layout, tokens=tokens,
-                            config=record)  # fmt: skip
-
-
 def tokens_per_step(args, layout: SPConfig | DataLayout) -> int:
     """Tokens of one optimizer step over all ranks (an SP group shares its sequences; the ranks reading different
     samples are the layout's ``data_shards``)."""
@@ -642,7 +361,7 @@ def tokens_per_step(args, layout: SPConfig | DataLayout) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the step's pieces
+# the data stream
 
 
 def micro_batch_stream(loader, sampler: EpochShuffleSampler, skip: int):
@@ -656,64 +375,19 @@ def micro_batch_stream(loader, sampler: EpochShuffleSampler, skip: int):
     return itertools.islice(epochs(), skip, None)
 
 
-def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(inputs, position_ids or None, targets) of a (batch, seq_length + 1) micro-batch, on the host. A dataset packed
-    with ``--pack documents`` also yields position_ids restarting at each document (attention stays inside it); one
-    with needle rows trained on their answers yields labels (-100: not trained), whose next token is the target."""
-    if not isinstance(batch, dict):
-        return batch[:, :-1].cpu(), None, batch[:, 1:].cpu()
-    positions = batch.get("position_ids")
-    targets = batch.get("labels", batch["input_ids"])
-    return (
-        batch["input_ids"][:, :-1].cpu(),
-        None if positions is None else positions[:, :-1].cpu(),
-        targets[:, 1:].cpu(),
-    )
+def nothing_to_train(args, accelerator: Accelerator, start_step: int, last_step: int) -> None:
+    """Say so (main process): the run resumes at or past its last step."""
+    if accelerator.is_main_process:
+        until = f", --stop-at-step {args.stop_at_step}" if last_step < args.max_train_steps else ""
+        print(f"nothing to train: {'resumed at' if args.resume_from else 'at'} step {start_step} of "
+              f"{args.max_train_steps}{until}")  # fmt: skip
 
 
-def host_batch(batch, sp: SPConfig, balance: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """:func:`split_batch`; with ``balance`` the whole documents of each row reordered so that ``sp``'s ring steps
-    get even work (:func:`~easy_context.core.document_order.balance_documents`: every rank computes the same order)."""
-    parts = split_batch(batch)
-    if balance and parts[1] is not None:
-        parts = balance_documents(*parts, sp.backend, sp.sp_size, **sp.options)
-    return parts
-
-
-def to_host(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> tuple[float, float | None]:
-    """The step's loss and gradient norm as Python floats, in one device-to-host sync."""
-    if grad_norm is None:
-        return loss.item(), None
-    loss, grad_norm = torch.stack([loss, torch.as_tensor(grad_norm, dtype=loss.dtype, device=loss.device)]).tolist()
-    return loss, grad_norm
-
-
-def out_of_time(started: float, limit_s: float, device: torch.device) -> bool:
-    """Whether ``limit_s`` seconds have passed since ``started`` (time.monotonic) on any rank: one all-reduced flag,
-    so that every rank stops after the same step."""
-    late = torch.tensor([time.monotonic() - started >= limit_s], dtype=torch.int32, device=device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
-    return bool(late.item())
-
-
-def nonfinite_problem(step: int, loss: float, grad_norm: float | None) -> str | None:
-    """Why step ``step`` must not update the weights (its loss or gradient norm is inf/NaN), or None."""
-    bad = [f"{name} {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
-           if value is not None and not math.isfinite(value)]  # fmt: skip
-    return f"step {step}: non-finite {' and '.join(bad)}" if bad else None
-
-
-def stop_unless_skippable(problem: str, args, skips_in_a_row: int, deepspeed_applied: bool) -> None:
-    """Exit (before any checkpoint from this step) unless ``--nonfinite skip`` may drop the step's update."""
-    if deepspeed_applied:
-        sys.exit(f"error: {problem}; DeepSpeed applied that update (its ZeRO stage does not skip non-finite "
-                 "gradients): stopped before any checkpoint from it")  # fmt: skip
-    if args.nonfinite == "stop":
-        sys.exit(f"error: {problem}; stopped before updating the weights (--nonfinite stop)")
-    if skips_in_a_row > args.max_skips_in_a_row:
-        sys.exit(f"error: {problem}; {skips_in_a_row} steps in a row skipped "
-                 f"(--max-skips-in-a-row {args.max_skips_in_a_row})")  # fmt: skip
+def show(bar: tqdm, row: dict) -> None:
+    """A metrics row on the progress bar."""
+    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                    **({"mfu": f"{row['mfu']:.1%}"} if "mfu" in row else {}),
+                    mem=f"{row['peak_mem_bytes'] / 2**30:.1f}G")  # fmt: skip
 
 
 def run() -> None:

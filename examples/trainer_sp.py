@@ -62,7 +62,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, LlamaConfig, TrainingArguments
 
-    from easy_context.hf.trainer import SequenceParallelTrainer, sequence_parallel_trainer
+    from easy_context.training.trainer import SequenceParallelTrainer, sequence_parallel_trainer
 
     vocab = 64
     torch.manual_seed(0)

@@ -17,14 +17,14 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
+from easy_context.backends.dist_flash_attn.schedule import build_schedule, rank_task, task_document_blocks, task_spans
+from easy_context.backends.zigzag_ring_attn.attention import step_blocks
+from easy_context.backends.zigzag_ring_attn.prepare_inputs import zigzag_spans
 from easy_context.core.block import Block
 from easy_context.core.registry import get_seq_algo
 from easy_context.core.spans import Span
 from easy_context.core.windows import window_blocks
-from easy_context.dist_flash_attn.schedule import build_schedule, rank_task, task_document_blocks, task_spans
 from easy_context.kernels import VariantError, get_kernel
-from easy_context.zigzag_ring_attn.attention import step_blocks
-from easy_context.zigzag_ring_attn.prepare_inputs import zigzag_spans
 from tests.reference import rel_err
 from tests.test_hf_models import models_parity_worker
 

@@ -15,15 +15,15 @@ import torch
 
 import easy_context as ec
 from easy_context import cli
+from easy_context.backends.data_parallel import identity_shard, identity_spans
+from easy_context.backends.ulysses_attn import kv_replication
 from easy_context.core import registry
 from easy_context.core.layout import local_rule
 from easy_context.core.local_attn import local_attention
 from easy_context.core.seq_algo import OptionFlag, SeqAlgo
-from easy_context.data_parallel import identity_shard, identity_spans
 from easy_context.eval.runtime import EvalRuntime, add_runtime_args, check_layout
 from easy_context.plan import ModelShape, Setup, mode_layout, parse_config, parse_size, plan, predict
 from easy_context.sp_config import SPConfig
-from easy_context.ulysses_attn import kv_replication
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The benchmark harness on CPU: one measurement per fresh process (bench/isolated_run.py), the max-context probe
-and its binary search (bench/max_context.py). The GPU numbers they produce live in docs/results/."""
+and its binary search (bench/max_context.py). The GPU numbers they produce live in results/."""
 
 from __future__ import annotations
 

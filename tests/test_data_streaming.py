@@ -20,7 +20,7 @@ datasets = pytest.importorskip("datasets")
 pytest.importorskip("tokenizers")
 
 from easy_context.data import document_positions, load_train_dataset, pack_stats, prepare_dataset  # noqa: E402
-from easy_context.data.streaming import KeySpill, random_keys  # noqa: E402
+from easy_context.data.shuffle import KeySpill, random_keys  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_GB = 2 / 1024  # 2 MiB: streams the small corpora below, with spill files re-split and many shards
@@ -238,7 +238,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 import datasets, pyarrow, tqdm.auto  # the baseline: everything prepare_dataset imports
-import easy_context.data.streaming as streaming
+import easy_context.data.shuffle as shuffle
 from easy_context.data import pack_stats, prepare_dataset
 
 class ByteTokenizer:
@@ -259,7 +259,7 @@ try:  # start the peak (VmHWM) afresh at the baseline; ru_maxrss would carry the
 except OSError:
     pass
 source, output, gb, long = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-streaming.SPILL_BITS = 3  # 8 spill files of ~50 MB: each is over its cap (budget / 4) and split again
+shuffle.SPILL_BITS = 3  # 8 spill files of ~50 MB: each is over its cap (budget / 4) and split again
 base, start = status("VmRSS"), time.perf_counter()
 ds = prepare_dataset(source, ByteTokenizer(), 1023, output_dir=output, max_memory_gb=gb, show_progress=False,
                      pack="documents", long_doc_tokens=long, upsample_factor=2)

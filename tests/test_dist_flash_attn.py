@@ -9,9 +9,8 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 import easy_context as ec
-from easy_context.core.attn_checkpoint import checkpoint_after_attention
-from easy_context.dist_flash_attn import contiguous_shard
-from easy_context.dist_flash_attn.schedule import (
+from easy_context.backends.dist_flash_attn import contiguous_shard
+from easy_context.backends.dist_flash_attn.schedule import (
     build_schedule,
     comm_rounds,
     rank_kernel_calls,
@@ -19,7 +18,8 @@ from easy_context.dist_flash_attn.schedule import (
     task_blocks,
     task_rows,
 )
-from easy_context.dist_flash_attn.simulate import VirtualStats, virtual_backward, virtual_forward
+from easy_context.backends.dist_flash_attn.simulate import VirtualStats, virtual_backward, virtual_forward
+from easy_context.core.attn_checkpoint import checkpoint_after_attention
 from easy_context.kernels import KERNELS, AttnKernel
 from tests.reference import reference_with_grads, rel_err
 

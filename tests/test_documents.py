@@ -117,8 +117,8 @@ def _doc_of(docs: Documents, b: int, row: int) -> int:
 def test_split_is_exactly_the_document_mask():
     """For every zigzag step and DistFlashAttn task on 1-4 ranks and random documents (also per batch row), the
     sub-blocks compute exactly the scores of the unsplit blocks that stay inside a document, each once."""
-    from easy_context.dist_flash_attn.schedule import build_schedule, task_blocks, task_spans
-    from easy_context.zigzag_ring_attn import zigzag_blocks, zigzag_spans
+    from easy_context.backends.dist_flash_attn.schedule import build_schedule, task_blocks, task_spans
+    from easy_context.backends.zigzag_ring_attn import zigzag_blocks, zigzag_spans
 
     rng = random.Random(0)
     for trial in range(60):
@@ -566,7 +566,7 @@ def test_pack_documents_writes_restarting_positions(packed_dirs):
     assert concat.column_names == ["input_ids"] and docs.column_names == ["input_ids", "position_ids"]
     assert docs["input_ids"] == concat["input_ids"]  # the same rows; only the positions are added
     assert pack_stats(docs).rows == len(docs)
-    from easy_context.data import load_tokenizer
+    from easy_context.models.tokenizer import load_tokenizer
 
     eos = load_tokenizer(str(packed_dirs["documents"] / "tokenizer")).eos_token_id
     restarts = 0

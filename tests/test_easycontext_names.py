@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import easy_context as ec
-from easy_context import compat
+from easy_context.legacy import names as compat
 from tests.models import tiny_model
 from tests.reference import rel_err
 

@@ -123,9 +123,9 @@ def test_needle_sits_at_the_requested_depth(setup, tmp_path, kind):
     from transformers import AutoTokenizer
 
     from easy_context.data import train_byte_level_bpe
-    from easy_context.eval.haystack import Haystack
-    from easy_context.eval.needle import make_case
     from easy_context.eval.scoring import answer_split
+    from easy_context.tasks.haystack import Haystack
+    from easy_context.tasks.needle import make_case
 
     text = synthetic_text(3, 300)
     if kind == "bpe":

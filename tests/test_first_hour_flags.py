@@ -12,6 +12,7 @@ import pytest
 
 from easy_context import cli
 from easy_context.eval import run_needle, run_ppl
+from easy_context.models import source
 from easy_context.train import build_parser
 from easy_context.train import parse_args as train_parse_args
 from tests import zygote
@@ -197,11 +198,11 @@ def test_offline_uncached_hub_id_is_refused_cached_is_taken(capsys, monkeypatch,
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert cli.hub_cache_dir() == str(tmp_path / "hub")
+    assert source.hub_cache_dir() == str(tmp_path / "hub")
     monkeypatch.delenv("HF_HUB_CACHE")
-    assert cli.hub_cache_dir() == constants.HF_HUB_CACHE  # huggingface_hub's own answer, in this environment
+    assert source.hub_cache_dir() == constants.HF_HUB_CACHE  # huggingface_hub's own answer, in this environment
     monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "legacy"))  # the name huggingface_hub still reads
-    assert cli.hub_cache_dir() == str(tmp_path / "legacy")
+    assert source.hub_cache_dir() == str(tmp_path / "legacy")
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -211,16 +212,16 @@ def test_offline_uncached_hub_id_is_refused_cached_is_taken(capsys, monkeypatch,
     assert run_ppl.parse_args([*PPL, "--model", "meta-llama/Llama-2-7b-hf"]).model[-1] == "meta-llama/Llama-2-7b-hf"
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")  # online, a plausible id is the hub's to answer
-    assert cli.model_source_error("someone/some-model") is None
+    assert source.model_source_error("someone/some-model") is None
 
 
 def test_existing_folder_preset_and_tokenizer_flag(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out" / "demo").mkdir(parents=True)
-    assert cli.model_source_error("out/demo") is None and cli.model_source_error("tiny-llama") is None
-    assert cli.model_source_error("shape:llama-2-7b") is None and cli.model_source_error(None) is None
-    assert cli.model_source_error("out/tok", "--tokenizer").startswith("--tokenizer out/tok: no local folder")
-    assert "no such folder" in cli.model_source_error("./out/absent")  # models.missing_local_path's rule
+    assert source.model_source_error("out/demo") is None and source.model_source_error("tiny-llama") is None
+    assert source.model_source_error("shape:llama-2-7b") is None and source.model_source_error(None) is None
+    assert source.model_source_error("out/tok", "--tokenizer").startswith("--tokenizer out/tok: no local folder")
+    assert "no such folder" in source.model_source_error("./out/absent")  # models.missing_local_path's rule
 
 
 def test_train_script_refuses_the_readme_path_fast():

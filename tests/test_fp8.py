@@ -1,6 +1,6 @@
 """FP8 linears (easy_context.training.fp8, ``--fp8``) on CPU through torchao's emulation (the float8 casts and
 scales of the GPU path, the GEMMs in fp32): which linears convert, training numerics against fp32, what it
-composes with, and the one-line refusals. The GPU path (torch._scaled_mm, speed) is bench/fp8_check.sh's."""
+composes with, and the one-line refusals. The GPU path (torch._scaled_mm, speed) is gpu_runs/fp8_check.sh's."""
 
 from __future__ import annotations
 

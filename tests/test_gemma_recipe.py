@@ -126,7 +126,7 @@ def train_calls(calls: list[list[str]]) -> list[tuple[list[str], object]]:
 def test_extend_runs_the_gemma_recipe_on_one_gpu(tmp_path):
     calls = extend_commands(tmp_path, "gemma3_256k.yaml")
     work = tmp_path / "work"
-    assert ["-m", "easy_context.fetch", "gemma3-270m", "--dest", str(work / "base")] in calls
+    assert ["-m", "easy_context.models.fetch", "gemma3-270m", "--dest", str(work / "base")] in calls
     needles = {c[c.index("--output-dir") + 1].split("/eval/")[1]: " ".join(c)
                for c in calls if c[:1] == ["eval_needle.py"]}  # fmt: skip
     assert "--rope_theta 20000000" in needles["rope_theta/needle"]
@@ -168,7 +168,7 @@ def test_extend_launches_n_processes_with_the_chosen_backend_and_the_control(tmp
 
 def test_extend_smollm2_is_the_recipe_of_one_model(tmp_path):
     calls = extend_commands(tmp_path, "smollm2_64k.yaml", script="extend_smollm2.sh", TARGET2="131072")
-    assert ["-m", "easy_context.fetch", "smollm2-135m", "--dest", str(tmp_path / "work" / "base")] in calls
+    assert ["-m", "easy_context.models.fetch", "smollm2-135m", "--dest", str(tmp_path / "work" / "base")] in calls
     stages = train_calls(calls)
     assert [a.seq_length for _, a in stages] == [65536, 8192, 131072]  # extended, control, the second stage
     ext, control, second = (a for _, a in stages)

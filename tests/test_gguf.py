@@ -1,4 +1,4 @@
-"""GGUF files as a model source (easy_context.hf.gguf_source): a tiny Llama written as GGUF loads with the HF model's
+"""GGUF files as a model source (easy_context.models.gguf): a tiny Llama written as GGUF loads with the HF model's
 logits and tokenizer, converts to a plain folder, trains under 2-process SP and evaluates; one-line errors; RoPE
 scaling (easy_context.models.parse_rope_scaling / set_rope_scaling)."""
 
@@ -50,9 +50,9 @@ def assert_plain(model) -> None:
 
 
 def test_gguf_loads_with_the_hf_models_logits_and_tokenizer(tiny, tmp_path):
-    from easy_context.data import load_tokenizer
-    from easy_context.hf.gguf_source import is_gguf, split_gguf
     from easy_context.models import load_model, missing_local_path
+    from easy_context.models.gguf import is_gguf, split_gguf
+    from easy_context.models.tokenizer import load_tokenizer
 
     ref = logits(tiny["model"])
     f32 = load_model(tiny["F32"], dtype=torch.float32)
@@ -89,7 +89,7 @@ def test_gguf_special_tokens_follow_the_file(tiny, monkeypatch):
     the ids the file names (tokenizer.ggml.*_token_id)."""
     import transformers
 
-    from easy_context.hf.gguf_source import load_gguf_tokenizer
+    from easy_context.models.gguf import load_gguf_tokenizer
 
     real = transformers.AutoTokenizer.from_pretrained
 
@@ -177,8 +177,8 @@ def test_gguf_trains_under_sp_saves_a_plain_folder_and_evaluates(tmp_path):
 
 
 def test_gguf_errors_are_one_line_and_say_what_to_do(tiny, tmp_path, monkeypatch):
-    from easy_context.data import load_tokenizer
     from easy_context.models import load_model, missing_local_path
+    from easy_context.models.tokenizer import load_tokenizer
 
     model = tiny["model"]
     # truncated, or not a GGUF at all

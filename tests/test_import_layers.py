@@ -90,3 +90,56 @@ def test_no_module_imports_in_a_circle():
 def test_the_moved_module_shim_is_gone():
     assert not (ROOT / "_moved.py").exists()
     assert not any("_moved" in deps for deps in map(str, import_graph().values()))
+
+
+def unit(module: str) -> str:
+    """The package a module belongs to, one level under easy_context (``easy_context.core.documents`` -> ``core``;
+    a top-level module is its own unit; the package's ``__init__`` is ``easy_context``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, deps in import_graph().items():
+        graph.setdefault(unit(module), set()).update(unit(d) for d in deps if unit(d) != unit(module))
+    return graph
+
+
+# a unit may never import these (counting imports inside functions): data flows down the floors
+NEVER = {
+    "core": {"backends", "legacy", "hf", "loss", "memory", "training", "data", "tasks", "eval", "plan", "sp_config"},
+    "kernels": {"core", "backends", "legacy", "hf", "training", "data", "eval", "models"},
+    "comm": {"core", "backends", "legacy", "hf", "training", "data", "eval", "models"},
+    "backends": {"legacy", "hf", "loss", "memory", "training", "data", "tasks", "eval", "plan", "sp_config"},
+    "models": {"core", "backends", "legacy", "hf", "training", "data", "eval", "plan"},
+    "tasks": {"data", "eval", "training", "backends", "legacy"},
+    "data": {"eval", "training", "backends", "legacy"},
+    "hf": {"training", "eval", "data", "legacy", "backends"},
+    "plan": {"training", "eval", "data", "legacy", "backends"},
+    "training": {"eval", "legacy"},
+}
+
+
+def test_imports_run_down_the_floors():
+    graph = unit_graph()
+    assert {"core", "backends", "data", "eval", "tasks", "models", "legacy"} <= set(graph)
+    broken = [f"{a} -> {b}" for a, never in NEVER.items() for b in sorted(graph.get(a, set()) & never)]
+    assert not broken, "imports against the floors: " + ", ".join(broken)
+    legacy_users = sorted(u for u, deps in graph.items() if "legacy" in deps and u not in ("easy_context", "legacy"))
+    assert not legacy_users, f"only the package face imports the compatibility layer, not {legacy_users}"
+
+
+def test_no_package_imports_in_a_circle():
+    """Between packages too: a circle of packages (a imports b, b imports a) is an import running back up."""
+    assert circles(unit_graph()) == []
+
+
+def test_the_backends_live_in_one_package():
+    backends = ROOT / "backends"
+    assert {p.name for p in backends.iterdir() if (p / "__init__.py").exists()} == {
+        "zigzag_ring_attn", "dist_flash_attn", "ulysses_attn", "usp_attn", "data_parallel"
+    }  # fmt: skip
+    assert not any(
+        (ROOT / name).exists() for name in ("zigzag_ring_attn", "dist_flash_attn", "ulysses_attn", "usp_attn")
+    )

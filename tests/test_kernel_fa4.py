@@ -21,14 +21,14 @@ import pytest
 import torch
 
 import easy_context.kernels as kernels
+from easy_context.backends.zigzag_ring_attn import zigzag_shard
+from easy_context.backends.zigzag_ring_attn.attention import step_blocks
 from easy_context.core.blockwise import ForwardAccumulator, backward_blocks, forward_blocks
 from easy_context.kernels import KERNELS, get_kernel, kernel_works, kernels_supporting
 from easy_context.kernels import fa4 as fa4mod
 from easy_context.kernels.base import allowed_keys
 from easy_context.kernels.flash_attn_pkg import flash_attn_available
 from easy_context.kernels.math_ref import MATH, math_forward
-from easy_context.zigzag_ring_attn import zigzag_shard
-from easy_context.zigzag_ring_attn.attention import step_blocks
 
 FAKE_FA4 = """
 import torch

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from easy_context import kernels
+from easy_context.backends.zigzag_ring_attn import zigzag_shard, zigzag_unshard
+from easy_context.backends.zigzag_ring_attn.simulate import virtual_backward, virtual_forward
 from easy_context.core.block import Block
 from easy_context.core.spans import Span
 from easy_context.core.windows import window_blocks
@@ -24,8 +26,6 @@ from easy_context.kernels import KERNELS, get_kernel, kernel_works, kernels_supp
 from easy_context.kernels.base import allowed_keys
 from easy_context.kernels.flex import FLEX, backward_by_recompute, block_mask, effective_band, tile_kinds
 from easy_context.kernels.math_ref import MATH, math_forward
-from easy_context.zigzag_ring_attn import zigzag_shard, zigzag_unshard
-from easy_context.zigzag_ring_attn.simulate import virtual_backward, virtual_forward
 from tests.reference import rel_err
 
 HQ, HKV, D = 4, 1, 32  # GQA 4/1, head_dim 32

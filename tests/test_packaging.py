@@ -90,7 +90,8 @@ def wheel(tmp_path_factory) -> Path:
 
     tmp = tmp_path_factory.mktemp("wheel")
     ignore = shutil.ignore_patterns(".git", ".venv", "out", "build", "__pycache__", "*.egg-info", "assets", "tests",
-                                    "bench", "docs", "PaulGrahamEssays", ".pytest_cache", ".ruff_cache")  # fmt: skip
+                                    "bench", "docs", "results", "gpu_runs", "PaulGrahamEssays", ".pytest_cache",
+                                    ".ruff_cache")  # fmt: skip
     shutil.copytree(ROOT, tmp / "src", symlinks=True, ignore=ignore)
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
            "-w", str(tmp / "dist"), str(tmp / "src")]  # fmt: skip

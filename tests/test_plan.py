@@ -182,7 +182,7 @@ def test_cli_preset_and_config_json(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------ host_adamw, offload-split, validation
-# bench/max_context.py on one H200 (139.8 GiB, torch 2.11, 2026-11-29; docs/results/h200_max_context.jsonl):
+# bench/max_context.py on one H200 (139.8 GiB, torch 2.11, 2026-11-29; results/h200/h200_max_context.jsonl):
 # data_parallel, cuDNN attention, HostAdamW, the first k layer inputs offloaded to pageable host memory, 8192-token
 # MLP tiles, chunked loss. The 8B runs allocated the optimizer's host state lazily, at the step (their host peak
 # is the optimizer step); the 7B run allocated it before the step (steady state: optimizer + checkpoints).

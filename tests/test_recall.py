@@ -15,7 +15,7 @@ from easy_context.data.code_corpus import main as corpus_main
 from easy_context.data.recall import KINDS, STYLES, RecallMix, newline_token_ids, recall_row, recall_segment
 from easy_context.data.tokenizer import train_byte_level_bpe
 from easy_context.eval import compare
-from easy_context.eval.needle import NEEDLE, QUESTION
+from easy_context.tasks.needle import NEEDLE, QUESTION
 
 CODE = "\n".join(
     f"def function_{i}(x):\n    '''Return x plus {i}.'''\n    value = x + {i}\n    return value\n" for i in range(400)

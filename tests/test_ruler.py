@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from easy_context.eval.ruler import DEFAULT_TASKS, TASKS, make_case, string_match_all
-from easy_context.eval.ruler.fit import largest_fitting
 from easy_context.eval.ruler.scoring import averages, effective_length, samples_for, wilson
-from easy_context.eval.ruler.tasks import FWE_DOTS, NOISE, zipf_counts
-from easy_context.eval.ruler.vocab import english_words, key_pairs
 from easy_context.eval.run_ruler import DEFAULT_SAMPLES, parse_args, prompt_wrapper, summary_markdown, thresholds
+from easy_context.tasks.ruler.builders import FWE_DOTS, NOISE, zipf_counts
+from easy_context.tasks.ruler.fit import largest_fitting
+from easy_context.tasks.ruler.vocab import english_words, key_pairs
 
 ESSAY = (
     "How do you find a good idea? Look at what seems missing. Most startups begin that way, and the founders were "
@@ -192,7 +192,7 @@ def test_cwe_too_short_for_rulers_frequencies_records_what_it_used(tokenizer):
 
 
 def test_missing_word_lists_name_the_install(monkeypatch):
-    from easy_context.eval.ruler import vocab
+    from easy_context.tasks.ruler import vocab
 
     def missing(package):
         raise ModuleNotFoundError(package)

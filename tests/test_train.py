@@ -64,6 +64,16 @@ def run_train(
     return res
 
 
+def run_injected(hook: str, data_dir: Path, out: Path, monkeypatch, *args: str, **kwargs):
+    """``run_train`` with ``hook`` as every process's sitecustomize (fault injection at interpreter start)."""
+    inject = out.parent / f"inject-{out.name}"
+    inject.mkdir(exist_ok=True)
+    (inject / "sitecustomize.py").write_text(hook)
+    with monkeypatch.context() as env:
+        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
+        return run_train(data_dir, out, *args, **kwargs)
+
+
 def losses(out: Path, key: str = "loss") -> list[float]:
     return [json.loads(line)[key] for line in (out / "metrics.jsonl").read_text().splitlines()]
 

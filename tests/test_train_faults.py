@@ -1,6 +1,6 @@
-"""train.py under faults (issue 19): a run with nothing to train, non-finite losses and gradients, a resume after
-a kill or on another layout, a full disk, damaged states, a stuck rank, a killed launcher. Real runs on CPU through
-tests.test_train's launcher, each under its timeout."""
+"""train.py under faults (issue 19): a run with nothing to train, a resume after a kill or on another layout, a full
+disk, damaged states, a stuck rank, a killed launcher (non-finite steps: tests/test_faults_nonfinite.py). Real runs
+on CPU through tests.test_train's launcher, each under its timeout."""
 
 from __future__ import annotations
 
@@ -19,37 +19,15 @@ from safetensors.torch import load_file
 
 from tests import test_train
 from tests.jobs import run_job
-from tests.test_train import losses, run_train
+from tests.test_train import losses, run_injected, run_train
 
 data_dir = test_train.data_dir  # its packed dataset and tokenizer (a fixture: built once for this module too)
 
 FAST = ("--parallel_mode", "data_parallel", "--checkpointing", "none")
-HUGE_LR = ("--learning-rate", "1e30", "--lr-schedule", "constant")  # finite step 1, then non-finite gradients
-
-# imported at interpreter start (PYTHONPATH): the loss of the 3rd forward, step 2's first micro-batch, is NaN
-NAN_AT_STEP_2 = """
-import easy_context.loss as loss
-
-
-class NaNLossOnce(loss.CausalLMWithLoss):
-    calls = 0
-
-    def forward(self, *args):
-        loss_sum, n = super().forward(*args)
-        NaNLossOnce.calls += 1
-        return (loss_sum * float("nan") if NaNLossOnce.calls == 3 else loss_sum), n
-
-
-loss.CausalLMWithLoss = NaNLossOnce
-"""
 
 
 def snapshot(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
-def all_finite(path: Path) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in load_file(path).values())
 
 
 @pytest.mark.parametrize("flag", ["--log-every", "--gradient-accumulate-every"])
@@ -88,60 +66,6 @@ def test_metrics_trimmed_on_resume(data_dir, tmp_path):
     assert [json.loads(r)["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[:2] == first[:2]
     assert json.loads(rows[2])["loss"] == pytest.approx(json.loads(first[2])["loss"], rel=1e-5)
-
-
-def test_nonfinite_stop_two_processes(data_dir, tmp_path):
-    """--nonfinite stop (the default): the first non-finite step ends the run before its update, no checkpoint
-    from it, periodic or final; the same decision on both ranks."""
-    out = tmp_path / "run"
-    res = run_train(data_dir, out, "--parallel_mode", "zigzag_ring_attn", "--checkpointing", "none", *HUGE_LR,
-                    "--save-every", "1", procs=2, steps=4, check=False)  # fmt: skip
-    assert res.returncode != 0
-    found = re.findall(r"error: step (\d+): non-finite [^;\n]*; stopped before updating the weights", res.stderr)
-    assert len(found) == 2 and len(set(found)) == 1, res.stderr[-3000:]  # one line per rank, the same step
-    bad = int(found[0])
-    assert bad >= 2
-    assert losses(out, "step") == list(range(1, bad))
-    assert sorted(p.name for p in out.glob("state-step*")) == [f"state-step{s}" for s in range(1, bad)]
-    assert all(all_finite(out / f"state-step{s}" / "model.safetensors") for s in range(1, bad))
-    assert not (out / "model.safetensors").exists()
-
-
-def run_injected(hook: str, data_dir, out, monkeypatch, *args, **kwargs):
-    """``run_train`` with ``hook`` as every process's sitecustomize (fault injection at interpreter start)."""
-    inject = out.parent / f"inject-{out.name}"
-    inject.mkdir(exist_ok=True)
-    (inject / "sitecustomize.py").write_text(hook)
-    with monkeypatch.context() as env:
-        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
-        return run_train(data_dir, out, *args, **kwargs)
-
-
-def test_nonfinite_skip_drops_the_update(data_dir, tmp_path, monkeypatch):
-    """--nonfinite skip: a NaN loss at step 2 leaves the weights as they were, the run goes on, the count is
-    logged and survives a resume."""
-    out = tmp_path / "run"
-    run_injected(NAN_AT_STEP_2, data_dir, out, monkeypatch, *FAST, "--nonfinite", "skip", "--save-every", "1", steps=4)
-    got = losses(out, "loss")
-    assert math.isnan(got[1]) and all(map(math.isfinite, got[:1] + got[2:])), got
-    assert losses(out, "skipped_steps") == [0, 1, 1, 1]
-    one, two = (load_file(out / f"state-step{s}" / "model.safetensors") for s in (1, 2))
-    assert all(torch.equal(one[k], two[k]) for k in one)  # the skipped step changed nothing
-    assert all_finite(out / "model.safetensors")
-    run_train(data_dir, out, *FAST, "--nonfinite", "skip", "--resume-from", str(out / "state-step2"), steps=4)
-    assert losses(out, "skipped_steps") == [0, 1, 1, 1]
-    assert losses(out, "loss")[2:] == pytest.approx(got[2:], rel=1e-5)
-
-
-def test_nonfinite_skip_stops_after_too_many_in_a_row(data_dir, tmp_path):
-    out = tmp_path / "run"
-    res = run_train(data_dir, out, *FAST, *HUGE_LR, "--nonfinite", "skip", "--max-skips-in-a-row", "2", steps=8,
-                    check=False)  # fmt: skip
-    assert res.returncode != 0
-    assert re.search(r"error: step \d+: non-finite .*; 3 steps in a row skipped \(--max-skips-in-a-row 2\)",
-                     res.stderr), res.stderr[-3000:]  # fmt: skip
-    assert losses(out, "skipped_steps")[-2:] == [1, 2]
-    assert not (out / "model.safetensors").exists()
 
 
 def test_unjoined_cpu_launch_is_refused(data_dir, tmp_path):

@@ -191,7 +191,7 @@ def test_sharding_engine_misconfigurations_fail_clearly(jobs, zero3_job):
 
 
 def test_local_batches_reassemble_to_the_padded_shifted_batch():
-    from easy_context.hf.trainer import LocalBatch, sp_local_batch
+    from easy_context.training.trainer import LocalBatch, sp_local_batch
 
     ids = torch.arange(1, 15).reshape(2, 7)
     labels = ids.clone()
@@ -221,7 +221,7 @@ def test_local_batches_reassemble_to_the_padded_shifted_batch():
     (lambda b: b.update(labels=torch.zeros(2, 3, dtype=torch.long)), "differ in shape"),
 ])  # fmt: skip
 def test_local_batch_refuses_what_it_cannot_shard(change, match):
-    from easy_context.hf.trainer import sp_local_batch
+    from easy_context.training.trainer import sp_local_batch
 
     batch = {"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.ones(2, 4, dtype=torch.long)}
     change(batch)
@@ -230,7 +230,7 @@ def test_local_batch_refuses_what_it_cannot_shard(change, match):
 
 
 def test_unpadded_length_names_the_fix():
-    from easy_context.hf.trainer import sp_local_batch
+    from easy_context.training.trainer import sp_local_batch
 
     batch = {"input_ids": torch.ones(1, 6, dtype=torch.long), "labels": torch.ones(1, 6, dtype=torch.long)}
     with pytest.raises(ValueError, match="not divisible by 4.*pad_seq_parallel_inputs.*sp_pad=True"):
@@ -241,7 +241,7 @@ def test_unpadded_length_names_the_fix():
 def test_sequence_parallel_trainer_class():
     from transformers import Trainer
 
-    from easy_context.hf.trainer import SequenceParallelMixin, SequenceParallelTrainer, sequence_parallel_trainer
+    from easy_context.training.trainer import SequenceParallelMixin, SequenceParallelTrainer, sequence_parallel_trainer
 
     class MyTrainer(Trainer):
         pass

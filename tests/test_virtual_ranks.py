@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import easy_context as ec
+from easy_context.backends.zigzag_ring_attn import zigzag_shard, zigzag_unshard
+from easy_context.backends.zigzag_ring_attn.simulate import virtual_backward, virtual_forward
 from easy_context.core.lse_merge import merge_into_
 from easy_context.kernels import KERNELS, get_kernel
-from easy_context.zigzag_ring_attn import zigzag_shard, zigzag_unshard
-from easy_context.zigzag_ring_attn.simulate import virtual_backward, virtual_forward
 from tests.reference import reference_with_grads, rel_err
 
 
@@ -161,8 +161,8 @@ def test_kernel_calls_split_over_heads_past_the_element_limit(monkeypatch, limit
 @pytest.mark.parametrize("window", [3, 7, 40])
 def test_virtual_schedules_with_a_window_match_the_banded_reference(world, window):
     """The virtual-rank schedules the GPU window benchmark times (bench/attention.py --windows) are exact."""
-    from easy_context.dist_flash_attn import simulate as dist_sim
-    from easy_context.ulysses_attn import contiguous_shard
+    from easy_context.backends.dist_flash_attn import simulate as dist_sim
+    from easy_context.backends.ulysses_attn import contiguous_shard
 
     b, s, hq, hkv, d = 1, 8 * world, 4, 2, 16
     q, dout = _rand(b, s, hq, d, seed=21), _rand(b, s, hq, d, seed=22)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import easy_context as ec
-import easy_context.zigzag_ring_attn.attention as zz
+import easy_context.backends.zigzag_ring_attn.attention as zz
 from easy_context.comm import exchange, start_exchange
 from easy_context.core.documents import Documents
 from tests.reference import rel_err

@@ -149,7 +149,7 @@ def run_lm(out: str, sp: str | None, engine: str = "ddp", **sp_kw) -> dict:
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     import easy_context as ec
-    from easy_context.hf.trainer import SequenceParallelTrainer
+    from easy_context.training.trainer import SequenceParallelTrainer
 
     ec.reset_groups()
     with environment():
@@ -180,7 +180,7 @@ def run_sft(out: str, sp: str | None, accum: int = ACCUM, **sp_kw) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     import easy_context as ec
-    from easy_context.hf.trainer import sequence_parallel_trainer
+    from easy_context.training.trainer import sequence_parallel_trainer
 
     ec.reset_groups()  # the runs of one job use different DP x SP meshes
     tok = word_tokenizer()
@@ -215,7 +215,7 @@ def run_errors(out: str) -> None:
     from transformers import TrainingArguments
 
     import easy_context as ec
-    from easy_context.hf.trainer import SequenceParallelTrainer
+    from easy_context.training.trainer import SequenceParallelTrainer
 
     ec.reset_groups()
     rank = int(os.environ.get("RANK", "0"))
@@ -259,7 +259,7 @@ def run_engine_errors(out: str, rank: int, setups: dict[str, tuple[dict, dict]])
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     import easy_context as ec
-    from easy_context.hf.trainer import SequenceParallelTrainer
+    from easy_context.training.trainer import SequenceParallelTrainer
 
     for name, (kw, env) in setups.items():
         ec.reset_groups()

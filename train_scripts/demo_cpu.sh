@@ -4,7 +4,7 @@
 #      90 % of its rows needle documents trained on their answers only, so that it learns to find a needle within
 #      BASE tokens. Default: the shipped one, assets/demo_base (this script's BASE_MODEL=train recipe, 8,000 steps
 #      of 16 x 256 tokens, trained on one H200 in 7 minutes: on 2 CPU cores it takes ~45 minutes and the lookup
-#      forms abruptly after 2,000-8,000 steps depending on the seed; docs/benchmarks.md). BASE_MODEL=train trains
+#      forms abruptly after 2,000-8,000 steps depending on the seed; docs/benchmarks_history.md). BASE_MODEL=train trains
 #      it here; BASE_MODEL=<dir> takes any model trained at BASE tokens whose tokenizer is in <dir>;
 #   1. before: needle heatmap and perplexity vs length up to TARGET tokens;
 #   2. extend: train.py under 2-process zigzag ring attention at TARGET tokens, raised RoPE base, from the base model;

@@ -3,7 +3,7 @@
 # minutes each):
 #   0. data: a byte-level BPE (vocab 1000, one token per digit) trained on the Paul Graham essays, then three
 #      training sets in parallel: SHORT, BASE and TARGET tokens per row, 90 % of the rows needle documents trained on
-#      their answers only (docs/benchmarks.md, issue 13: what makes the lookup form);
+#      their answers only (docs/benchmarks_history.md: what makes the lookup form);
 #   1. base model, a curriculum: (a) a ~100M Llama (preset llama-100m) from scratch at SHORT=256 tokens, where the
 #      needle lookup forms: the A_RUNS (seed:lr pairs) side by side on the one GPU (each run is host-bound), each
 #      until second A_UNTIL of the script (train.py --time-limit); a needle check of each at SHORT tokens keeps the
@@ -75,7 +75,7 @@ if [ "$DEVICE" = cpu ]; then
     export ACCELERATE_USE_CPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
     MIXED=no
 else
-    MIXED=${MIXED:-bf16} # bf16 autocast over fp32 weights (the needle lookup formed with it: docs/benchmarks.md)
+    MIXED=${MIXED:-bf16} # bf16 autocast over fp32 weights (the needle lookup formed with it: docs/benchmarks_history.md)
 fi
 START=$(date +%s)
 DEADLINE=$((START + TOTAL_S))

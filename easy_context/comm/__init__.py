@@ -1,7 +1,7 @@
 """Communication primitives: the ring exchange, exchanges at fixed ring offsets and the sequence<->heads all-to-all."""
 
-from .all_to_all import SeqAllToAll, all_to_all_4d
-from .exchange import exchange, start_exchange
-from .ring import PendingExchange, RingExchange
+from easy_context.comm.all_to_all import SeqAllToAll, all_to_all_4d
+from easy_context.comm.exchange import exchange, start_exchange
+from easy_context.comm.ring import PendingExchange, RingExchange
 
 __all__ = ["PendingExchange", "RingExchange", "SeqAllToAll", "all_to_all_4d", "exchange", "start_exchange"]

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from .ring import PendingExchange
+from easy_context.comm.ring import PendingExchange
 
 
 def start_exchange(sends: Mapping[int, torch.Tensor], group: dist.ProcessGroup | None) -> PendingExchange:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..kernels.base import Band
+from easy_context.kernels.base import Band
 
 ALL = slice(None)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import AttnKernel
-from .block import ALL, Block
-from .lse_merge import merge_into_, merge_safe_
-from .windows import tile_bands
+from easy_context.core.block import ALL, Block
+from easy_context.core.lse_merge import merge_into_, merge_safe_
+from easy_context.core.windows import tile_bands
+from easy_context.kernels import AttnKernel
 
 
 class ForwardAccumulator:

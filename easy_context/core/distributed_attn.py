@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..kernels import AttnKernel
-from .attn_checkpoint import forward_or_replay
-from .documents import Documents
-from .lse_merge import merge_sinks, sink_grad
+from easy_context.core.attn_checkpoint import forward_or_replay
+from easy_context.core.documents import Documents
+from easy_context.core.lse_merge import merge_sinks, sink_grad
+from easy_context.kernels import AttnKernel
 
 ForwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 BackwardFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]

@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from .block import ALL, Block
-from .spans import Span, pieces
-from .windows import window_blocks
+from easy_context.core.block import ALL, Block
+from easy_context.core.spans import Span, pieces
+from easy_context.core.windows import window_blocks
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def gather_position_ids(algo, local_position_ids: torch.Tensor, group=None, **op
 
     ``algo``: the backend (a :class:`~easy_context.core.seq_algo.SeqAlgo`: ``name``, ``distributed``,
     ``global_rows``; callers holding a name ask :func:`~easy_context.core.registry.get_seq_algo`)."""
-    from .groups import get_sp_group
+    from easy_context.core.groups import get_sp_group
 
     seq_algo = algo.name
     pos = local_position_ids.reshape(1, -1) if local_position_ids.dim() == 1 else local_position_ids
@@ -253,11 +253,11 @@ def gathered_documents(
     """``(layout error or None, documents)`` of the full sequence put together from every rank's shard (one
     all-gather per position_ids tensor, cached as in :func:`local_documents`, whose entry it shares):
     :func:`~easy_context.core.layout.position_layout_error` says whether the shards fit ``algo``'s layout."""
-    from .layout import position_layout_error
+    from easy_context.core.layout import position_layout_error
 
     world = 1
     if group is not None or dist.is_initialized():
-        from .groups import get_sp_group
+        from easy_context.core.groups import get_sp_group
 
         world = dist.get_world_size(get_sp_group() if group is None else group)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .padding import pad_to_multiple
-from .registry import extract_local, seq_multiple
+from easy_context.core.padding import pad_to_multiple
+from easy_context.core.registry import extract_local, seq_multiple
 
 
 def pad_seq_parallel_inputs(

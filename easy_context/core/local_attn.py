@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import AttnKernel
-from .block import Block
-from .blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
-from .distributed_attn import distributed_attention
-from .documents import Documents, split_blocks
-from .spans import Span
+from easy_context.core.block import Block
+from easy_context.core.blockwise import ForwardAccumulator, add_kv_grads_, backward_blocks, forward_blocks
+from easy_context.core.distributed_attn import distributed_attention
+from easy_context.core.documents import Documents, split_blocks
+from easy_context.core.spans import Span
+from easy_context.kernels import AttnKernel
 
 
 def _document_blocks(q: torch.Tensor, causal: bool, documents: Documents | None, window: int | None = None):

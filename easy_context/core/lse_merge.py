@@ -21,7 +21,7 @@ _FUSED_BROKEN = False
 def _fused_merge():
     """The Triton merge when Triton is importable (GPU builds of torch), else None."""
     try:
-        from .lse_merge_triton import merge_into_triton_
+        from easy_context.core.lse_merge_triton import merge_into_triton_
     except Exception:
         return None
     return merge_into_triton_

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..cli import positive_int
-from ..kernels import KERNEL_NAMES
-from .seq_algo import REGISTERED as _ALGOS
-from .seq_algo import AttnFunc, OptionFlag, SeqAlgo, algos_implementing
+from easy_context.cli import positive_int
+from easy_context.core.seq_algo import REGISTERED as _ALGOS
+from easy_context.core.seq_algo import AttnFunc, OptionFlag, SeqAlgo, algos_implementing
+from easy_context.kernels import KERNEL_NAMES
 
 
 def register_seq_algo(algo: SeqAlgo) -> None:
@@ -153,7 +153,7 @@ def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
     def attn(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True, group=None,
              position_ids: torch.Tensor | None = None, documents=None, **variants):  # fmt: skip
         if dist.is_available() and dist.is_initialized():
-            from .groups import get_sp_group
+            from easy_context.core.groups import get_sp_group
 
             world = dist.get_world_size(get_sp_group() if group is None else group)
             for x in (q, k, v):
@@ -174,7 +174,7 @@ def checked_documents(algo, position_ids: torch.Tensor, group, options: dict[str
     position_ids tensor, remembered on it), after checking that the ranks' shards fit ``algo``'s layout
     (:func:`~easy_context.core.layout.position_layout_error`: every rank sees the same gathered ids and raises
     alike)."""
-    from .documents import gathered_documents
+    from easy_context.core.documents import gathered_documents
 
     error, documents = gathered_documents(algo, position_ids, group, **options)
     if error:

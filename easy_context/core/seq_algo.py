@@ -21,14 +21,15 @@ from typing import Any
 
 import torch
 
-from ..kernels import KERNEL_NAMES, default_scale, get_kernel
-from ..kernels.base import check_shapes
-from .documents import Documents, local_documents
-from .groups import get_sp_group
-from .layout import Layout, heads_of, length_error, ring_rule, seq_multiple_call
-from .shape_check import check_local_shapes
-from .spans import Span, spans_of
-from .windows import check_window
+from easy_context.core.documents import Documents, local_documents
+from easy_context.core.groups import get_sp_group
+from easy_context.core.layout import Layout, heads_of, length_error, ring_rule, seq_multiple_call
+from easy_context.core.ring_schedule import RingSchedule
+from easy_context.core.shape_check import check_local_shapes
+from easy_context.core.spans import Span, spans_of
+from easy_context.core.windows import check_window
+from easy_context.kernels import KERNEL_NAMES, default_scale, get_kernel
+from easy_context.kernels.base import check_shapes
 
 AttnFunc = Callable[..., torch.Tensor]
 _VARIANT_NAMES = {
@@ -118,6 +119,7 @@ class SeqAlgo:
     layout_rule: Callable[..., dict[str, Any]] = ring_rule
     spans: Callable[..., tuple[Span, ...]] | None = None
     flags: Mapping[str, OptionFlag] = field(default_factory=dict)
+    ring_schedule: RingSchedule | None = None  # a lockstep ring the document balancer can even out
 
     @property
     def masks_documents(self) -> bool:

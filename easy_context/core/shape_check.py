@@ -17,8 +17,8 @@ import struct
 import torch
 import torch.distributed as dist
 
-from ..kernels.base import check_shapes
-from .layout import seq_multiple_call
+from easy_context.core.layout import seq_multiple_call
+from easy_context.kernels.base import check_shapes
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 

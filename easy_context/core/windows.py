@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block import Block
-from .spans import Span, pieces
+from easy_context.core.block import Block
+from easy_context.core.spans import Span, pieces
 
 MIN_TILE = 32  # diagonal tiles of at least this many rows (a 1-token window would otherwise make one call per row)
 

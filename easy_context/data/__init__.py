@@ -10,11 +10,12 @@ A source larger than ``max_memory_gb`` (``--max-memory-gb``, default 4) allows i
 (:mod:`easy_context.data.streaming`, docs/data.md).
 """
 
-from .packing import PACK_MODES, PackStats, document_positions, pack_documents
-from .prepare import load_train_dataset, pack_stats, prepare_dataset
-from .random_tokens import RandomTokens, random_source_rows
-from .sources import load_documents
-from .tokenizer import load_tokenizer, train_byte_level_bpe
+from easy_context.data.packing import PACK_MODES, PackStats, document_positions, pack_documents
+from easy_context.data.prepare import load_train_dataset, pack_stats, prepare_dataset
+from easy_context.data.random_tokens import RandomTokens, random_source_rows
+from easy_context.data.sources import load_documents
+from easy_context.data.tokenizer import train_byte_level_bpe
+from easy_context.models.tokenizer import load_tokenizer
 
 __all__ = [
     "PACK_MODES",

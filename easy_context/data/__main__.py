@@ -16,14 +16,15 @@ import os
 import sys
 import time
 
-from .. import cli
-from .needles import LOSSES, NeedleMix
-from .packing import PACK_MODES
-from .prepare import DEFAULT_MAX_MEMORY_GB, pack_stats, prepare_dataset
-from .recall import KINDS as RECALL_KINDS
-from .recall import RecallMix
-from .sources import load_documents
-from .tokenizer import load_tokenizer, train_byte_level_bpe
+from easy_context import cli
+from easy_context.data.needles import LOSSES, NeedleMix
+from easy_context.data.packing import PACK_MODES
+from easy_context.data.prepare import DEFAULT_MAX_MEMORY_GB, pack_stats, prepare_dataset
+from easy_context.data.recall import KINDS as RECALL_KINDS
+from easy_context.data.recall import RecallMix
+from easy_context.data.sources import load_documents
+from easy_context.data.tokenizer import train_byte_level_bpe
+from easy_context.models.tokenizer import load_tokenizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,7 +19,7 @@ import sys
 import sysconfig
 from collections.abc import Iterator
 
-from .. import cli
+from easy_context import cli
 
 SUFFIXES = (".py",)
 SKIP_DIRS = {"__pycache__", "test", "tests", "testing", "idlelib", "tkinter", "lib2to3", "site-packages",

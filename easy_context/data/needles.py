@@ -1,7 +1,7 @@
 """Retrieval rows to mix into a training set: needle documents in the format ``eval_needle.py`` asks about.
 
 A needle document is ``PREFIX + haystack sentences with needles between them + SUFFIX + ANSWER`` (the templates of
-:mod:`easy_context.eval.needle`), with 1..``max_needles`` needles of different cities; the first question is the
+:mod:`easy_context.tasks.needle`), with 1..``max_needles`` needles of different cities; the first question is the
 eval's, every further one asks for another needle's number in the same words. A retrieval row holds one such
 document, EOS-terminated, at a random offset between runs of ordinary text, so questions end at every position
 of the row (a document always at the row's end teaches a tiny model a position, not a lookup). The haystack
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..eval.haystack import Haystack
-from ..eval.needle import ANSWER, CITIES, NEEDLE, PREFIX, QUESTION, SUFFIX, random_number
+from easy_context.tasks.haystack import Haystack
+from easy_context.tasks.needle import ANSWER, CITIES, NEEDLE, PREFIX, QUESTION, SUFFIX, random_number
 
 FOLLOW_UP = "\nQuestion: {question} Answer: The special magic {city} number is:"
 MIN_HAYSTACK_TOKENS = 8

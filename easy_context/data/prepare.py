@@ -14,13 +14,13 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
-from .columns import HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, keep_text
-from .needles import NeedleMix, mix_retrieval_rows
-from .packing import PACK_MODES, PackStats, _check_args, document_positions, pack_to_array
-from .random_tokens import RandomTokens, random_source_rows
-from .recall import RecallMix, mix_recall_rows
-from .sources import is_saved_dataset, load_documents, load_saved_dataset
-from .tokenizer import load_tokenizer
+from easy_context.data.columns import HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, keep_text
+from easy_context.data.needles import NeedleMix, mix_retrieval_rows
+from easy_context.data.packing import PACK_MODES, PackStats, _check_args, document_positions, pack_to_array
+from easy_context.data.random_tokens import RandomTokens, random_source_rows
+from easy_context.data.recall import RecallMix, mix_recall_rows
+from easy_context.data.sources import is_saved_dataset, load_documents, load_saved_dataset
+from easy_context.models.tokenizer import load_tokenizer
 
 _BATCH = 256
 DEFAULT_MAX_MEMORY_GB = 4.0
@@ -137,7 +137,7 @@ def prepare_dataset(
         raise _too_little_text(source, stats, seq_length)
     needle_rows, trained = 0, None
     if kept:
-        from ..eval.haystack import Haystack
+        from easy_context.tasks.haystack import Haystack
 
         haystack = Haystack.from_text("\n\n".join(kept), tokenizer)
         rows, trained, needle_rows = mix_retrieval_rows(rows, haystack, tokenizer, needles, seed)
@@ -226,7 +226,7 @@ def _prepare_streaming(documents: Iterator[str], source, tokenizer, seq_length: 
                        budget: int, settings: dict):  # fmt: skip
     """:func:`prepare_dataset`'s streamed path (``settings``: its other arguments): the dataset written to
     ``output_dir`` and loaded from it."""
-    from .streaming import prepare_streaming
+    from easy_context.data.streaming import prepare_streaming
 
     if output_dir is None:
         output_dir = tempfile.mkdtemp(prefix="easy_context_prepared-")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .needles import check_mix, encode_answers
+from easy_context.data.needles import check_mix, encode_answers
 
 KINDS = ("single", "many_keys", "many_values", "chain")
 

@@ -26,9 +26,9 @@ import statistics
 import sys
 from collections import defaultdict
 
-from .. import cli
-from .extension import training_summary
-from .results import read_csv, write_json
+from easy_context import cli
+from easy_context.eval.extension import training_summary
+from easy_context.eval.results import read_csv, write_json
 
 
 def needle_summary(rows: list[dict], base_length: int) -> dict:
@@ -161,7 +161,7 @@ def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, f
     """Heatmaps of the first model with needle rows and of ``after`` (default: the last), needle accuracy vs length
     of all, perplexity vs length of all, the training loss (each logged step and a running mean of 5; a dotted line
     where each stage after the first starts, ``stage_starts``); returns ``path``."""
-    from . import plots
+    from easy_context.eval import plots
 
     plt = plots.plt
     fig, axes = plt.subplots(2, 3, figsize=(20, 10))

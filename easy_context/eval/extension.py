@@ -22,8 +22,8 @@ import os
 import statistics
 import sys
 
-from .. import cli
-from .results import read_csv, write_json
+from easy_context import cli
+from easy_context.eval.results import read_csv, write_json
 
 
 def needle_split(rows: list[dict], base_length: int, key: str = "correct") -> tuple[float | None, float | None]:
@@ -154,7 +154,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from .plots import extension_figure
+    from easy_context.eval.plots import extension_figure
 
     read = stage_or_none if args.partial else stage
     try:

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from .. import cli
+from easy_context import cli
 
 # (prompt, through the chat template, a word the answer should contain)
 PROMPTS: tuple[tuple[str, bool, str | None], ...] = (
@@ -42,8 +42,8 @@ def answer(model, tokenizer, prompt: str, chat: bool, max_new_tokens: int) -> st
 
 def run(model_name: str, tokenizer_name: str | None, max_new_tokens: int, device: str) -> list[dict]:
     """Every prompt of :data:`PROMPTS` through ``model_name``."""
-    from ..data import load_tokenizer
-    from ..models import load_model
+    from easy_context.models import load_model
+    from easy_context.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name or model_name)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

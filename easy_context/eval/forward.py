@@ -1,6 +1,6 @@
 """No-grad forwards of one sequence under any backend, returning only what the eval needs.
 
-The sequence is padded to the backend's multiple (``ec.pad_seq_parallel_inputs``: pad tokens come last and
+The sequence is padded to the backend's multiple (``SPConfig.local_batch``: pad tokens come last and
 real tokens never attend to them), sharded, and run through the decoder with global ``position_ids``. Then:
 
 * :func:`logits_at` — logits of a few global positions. Each rank projects only the hidden states of the
@@ -22,28 +22,19 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-import easy_context as ec
-
-from ..hf.kv_cache import ShardedKVCache
-from ..hf.support import decoder_of
-from ..loss.logit_scale import logit_multiplier
-from .runtime import EvalRuntime
+from easy_context.core.groups import get_sp_group
+from easy_context.eval.runtime import EvalRuntime
+from easy_context.hf.kv_cache import ShardedKVCache
+from easy_context.hf.support import decoder_of
+from easy_context.loss.logit_scale import logit_multiplier
 
 
 def _shard(
     runtime: EvalRuntime, ids: torch.Tensor, targets: torch.Tensor, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(local input ids, local position ids, local targets) of (1, seq) ``ids``/``targets`` on this rank."""
-    world = runtime.world_size if runtime.distributed else 1
-    ids, pos, targets = ec.pad_seq_parallel_inputs(
-        runtime.seq_algo, ids, None, targets, world, pad_id, **runtime.options
-    )
-    if not runtime.distributed:
-        return ids.to(runtime.device), pos.to(runtime.device), targets.to(runtime.device)
-    local = ec.prepare_seq_parallel_inputs(
-        runtime.seq_algo, ids, pos, targets, runtime.rank, runtime.world_size, runtime.device, **runtime.options
-    )
-    return local["local_input_ids"], local["local_position_ids"], local["local_target_ids"]
+    local = runtime.sp.local_batch(ids, None, targets, runtime.device, pad_token_id=pad_id)
+    return local.input_ids, local.position_ids, local.target_ids
 
 
 def _head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
@@ -70,7 +61,7 @@ def logits_at(model, runtime: EvalRuntime, ids: list[int], positions: list[int],
     out = torch.zeros(len(positions), picked.shape[-1], dtype=torch.float32, device=picked.device)
     out[slots] = picked
     if runtime.distributed and runtime.world_size > 1:
-        dist.all_reduce(out, group=ec.get_sp_group())
+        dist.all_reduce(out, group=get_sp_group())
     return out
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..loss import all_reduce_count, global_mean_for_logging
-from .forward import loss_sum
-from .runtime import EvalRuntime
+from easy_context.eval.forward import loss_sum
+from easy_context.eval.runtime import EvalRuntime
+from easy_context.loss import all_reduce_count, global_mean_for_logging
 
 
 def ppl_lengths(min_tokens: int, max_tokens: int, step: int | None) -> list[int]:

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 from matplotlib.ticker import LogFormatter  # noqa: E402
 
-from .results import cell_scores  # noqa: E402
+from easy_context.eval.results import cell_scores  # noqa: E402
 
 SCORE_CMAP = LinearSegmentedColormap.from_list("needle_score", ["#F0496E", "#EBB839", "#0CD79F"])
 _ANNOTATE_MAX_CELLS = 400

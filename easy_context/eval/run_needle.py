@@ -24,15 +24,16 @@ from tqdm import tqdm
 
 from easy_context import cli
 from easy_context.core.registry import option_values
-from easy_context.data import load_tokenizer
-from easy_context.eval.haystack import Haystack, read_haystack_text
-from easy_context.eval.needle import context_lengths, depth_percents, make_case
 from easy_context.eval.plots import needle_heatmap
 from easy_context.eval.results import cell_scores, write_csv, write_json
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.models import PRESETS
+from easy_context.models.source import model_source_error
+from easy_context.models.tokenizer import load_tokenizer
+from easy_context.tasks.haystack import Haystack, read_haystack_text
+from easy_context.tasks.needle import context_lengths, depth_percents, make_case
 from easy_context.training.process_exit import run_program
 
 
@@ -74,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     cli.retype(p, rope_theta=cli.positive_float, seed=cli.non_negative_int)
     args = p.parse_args(argv)
     for flag, name in [("--model", args.model), ("--tokenizer", args.tokenizer)]:
-        error = cli.model_source_error(name, flag)
+        error = model_source_error(name, flag)
         if error:
             p.error(error)
     if args.model in PRESETS and not args.tokenizer:

@@ -23,14 +23,16 @@ from tqdm import tqdm
 
 from easy_context import cli
 from easy_context.core.registry import option_values
-from easy_context.data import load_documents, load_tokenizer
-from easy_context.eval.haystack import FETCH_HINT
+from easy_context.data import load_documents
 from easy_context.eval.perplexity import perplexity_at, ppl_lengths, select_documents, tokenize_documents
 from easy_context.eval.results import write_csv
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.tokens import adds_bos, unlimited
 from easy_context.loss import CausalLMWithLoss
 from easy_context.models import PRESETS
+from easy_context.models.source import model_source_error
+from easy_context.models.tokenizer import load_tokenizer
+from easy_context.tasks.haystack import FETCH_HINT
 from easy_context.training.process_exit import run_program
 
 DEFAULT_DATASET = "PaulGrahamEssays"
@@ -79,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     cli.retype(p, rope_theta=cli.positive_float, seed=cli.non_negative_int)
     args = p.parse_args(argv)
     for flag, name in [("--model", m) for m in args.model] + [("--tokenizer", args.tokenizer)]:
-        error = cli.model_source_error(name, flag)
+        error = model_source_error(name, flag)
         if error:
             p.error(error)
     try:

@@ -6,7 +6,7 @@
         --lengths 131072 --parallel_mode zigzag_ring_attn                                  # the prefill over 8 GPUs
     python eval_ruler.py --tokenizer M --prompts_only prompts.jsonl --lengths 4096        # the prompts, no model
 
-Every prompt is generated locally as NVIDIA's RULER generator defines it (easy_context/eval/ruler/tasks.py; no
+Every prompt is generated locally as NVIDIA's RULER generator defines it (easy_context/tasks/ruler/builders.py; no
 downloads) with the model's tokenizer, so that prompt + the task's tokens_to_generate fit the length, in the model's
 template (``--template``: the chat template for a tokenizer that has one, else RULER's "base": the prompt then the
 answer prefix). The answer is generated greedily after an SP prefill, with a KV cache that stays sharded over the
@@ -31,9 +31,7 @@ from tqdm import tqdm
 
 from easy_context import cli
 from easy_context.core.registry import option_values
-from easy_context.data import load_tokenizer
 from easy_context.eval.forward import can_batch_generate, greedy_generate, greedy_generate_batch, logits_at
-from easy_context.eval.haystack import read_haystack_text
 from easy_context.eval.plots import ruler_figure
 from easy_context.eval.results import write_csv, write_json
 from easy_context.eval.ruler import DEFAULT_TASKS, TASKS, make_case
@@ -51,12 +49,14 @@ from easy_context.eval.ruler.scoring import (
     table,
     wilson,
 )
-from easy_context.eval.ruler.tasks import RULER_TASK_COUNT, unit_name
-from easy_context.eval.ruler.vocab import english_words, key_pairs
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import answer_split
 from easy_context.eval.tokens import adds_bos, encode, unlimited
 from easy_context.models import PRESETS, missing_local_path
+from easy_context.models.tokenizer import load_tokenizer
+from easy_context.tasks.haystack import read_haystack_text
+from easy_context.tasks.ruler.builders import RULER_TASK_COUNT, unit_name
+from easy_context.tasks.ruler.vocab import english_words, key_pairs
 from easy_context.training.process_exit import run_program
 
 DEFAULT_SAMPLES = 100  # a cell's 95 % interval is then at most +-0.1 (Wilson; 93 would do, RULER uses 500)

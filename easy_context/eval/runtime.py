@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import easy_context as ec
 from easy_context import cli
+from easy_context.core import registry
 from easy_context.core.groups import launch_error
 from easy_context.core.registry import add_backend_args
 from easy_context.sp_config import SPConfig, resolve_sp_config
@@ -141,8 +141,8 @@ def load_eval_model(
     targets, the loss with them), so ``CausalLMWithLoss(model)`` wraps it as is. Under an accelerate DeepSpeed
     config the model is prepared by accelerate (ZeRO-3 parameter sharding for models that do not fit one device).
     """
-    from ..models import load_model
-    from ..training.deepspeed_precision import deepspeed_precision_error
+    from easy_context.models import load_model
+    from easy_context.training.deepspeed_precision import deepspeed_precision_error
 
     error = deepspeed_precision_error(runtime.accelerator, dtype)  # ZeRO-3 would build the model in another dtype
     if error:
@@ -174,7 +174,7 @@ def _install_loss_head(model) -> None:
 
     Under ZeRO-3 the weights are already partitioned at load (shape 0): gather the head's weight meanwhile.
     """
-    from ..loss import CausalLMWithLoss
+    from easy_context.loss import CausalLMWithLoss
 
     weight = model.get_output_embeddings().weight
     if hasattr(weight, "ds_id"):
@@ -189,7 +189,7 @@ def _install_loss_head(model) -> None:
 def position_warning(config, length: int, model_name: str) -> str | None:
     """A warning when ``length`` tokens exceed the positions ``config``'s RoPE covers
     (:func:`~easy_context.models.rope_position_limit`), naming the RoPE base and scaling in use."""
-    from ..models import get_rope_theta, rope_position_limit
+    from easy_context.models import get_rope_theta, rope_position_limit
 
     limit, how = rope_position_limit(config)
     if not limit or length <= limit:
@@ -207,7 +207,8 @@ def add_runtime_args(parser) -> None:
     add_backend_args(
         parser,
         default=None,
-        mode_help=f"{', '.join(ec.SEQ_ALGOS)}; default {DEFAULT_SP_MODE} on several processes, data_parallel on one",
+        mode_help=f"{', '.join(registry.SEQ_ALGOS)}; default {DEFAULT_SP_MODE} on several processes, "
+        "data_parallel on one",
         kernel_help="local attention kernel (SP modes)",
     )
     parser.add_argument("--rope_theta", "--rope-theta", type=cli.positive_float, default=None,
@@ -227,7 +228,7 @@ def add_runtime_args(parser) -> None:
 def load_eval_model_from_args(name: str, runtime: EvalRuntime, vocab_size: int, args):
     """:func:`load_eval_model` with the options :func:`add_runtime_args` defines (dtype, rope_theta, seed; the kernel
     is the runtime's)."""
-    from ..models import parse_rope_scaling
+    from easy_context.models import parse_rope_scaling
 
     dtype = resolve_dtype(args.dtype, runtime.device)
     scaling = parse_rope_scaling(args.rope_scaling) if getattr(args, "rope_scaling", None) else None

@@ -11,10 +11,10 @@ import re
 
 import torch
 
-from .forward import greedy_generate, logits_at
-from .needle import NeedleCase
-from .runtime import EvalRuntime
-from .tokens import common_prefix_length, encode
+from easy_context.eval.forward import greedy_generate, logits_at
+from easy_context.eval.runtime import EvalRuntime
+from easy_context.eval.tokens import common_prefix_length, encode
+from easy_context.tasks.needle import NeedleCase
 
 
 def answer_split(tokenizer, prompt: str, answer: str, bos: bool) -> tuple[list[int], int]:

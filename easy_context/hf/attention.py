@@ -27,10 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
-from ..core.groups import get_sp_group
-from ..core.registry import get_attn_func, get_seq_algo
-from .kv_cache import active_cache
+from easy_context.core.documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
+from easy_context.core.groups import get_sp_group
+from easy_context.core.registry import get_attn_func, get_seq_algo
+from easy_context.hf.kv_cache import active_cache
 
 
 def _full_length(seq_algo: str, local_len: int) -> int:

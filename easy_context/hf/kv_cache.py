@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.groups import get_sp_group
-from ..core.lse_merge import merge_safe_, merge_sinks
-from ..kernels.math_ref import MATH
+from easy_context.core.groups import get_sp_group
+from easy_context.core.lse_merge import merge_safe_, merge_sinks
+from easy_context.kernels.math_ref import MATH
 
 _ACTIVE: list[ShardedKVCache] = []
 

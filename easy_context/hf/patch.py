@@ -26,12 +26,12 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..core.documents import local_documents
-from ..core.groups import get_sp_group
-from ..core.registry import checked_documents, get_seq_algo
-from .attention import attention_calls, make_hf_attention
-from .kv_cache import active_cache
-from .support import (
+from easy_context.core.documents import local_documents
+from easy_context.core.groups import get_sp_group
+from easy_context.core.registry import checked_documents, get_seq_algo
+from easy_context.hf.attention import attention_calls, make_hf_attention
+from easy_context.hf.kv_cache import active_cache
+from easy_context.hf.support import (
     attention_not_called,
     check_model_supported,
     check_switched,

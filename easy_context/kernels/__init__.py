@@ -21,15 +21,15 @@ import warnings
 
 import torch
 
-from .base import SUPPORTS, AttnKernel, VariantError, default_scale, kernels_supporting
-from .cpu import CPU
-from .cuda_sdpa import CUDNN, EFFICIENT, FLASH
-from .fa4 import FA4
-from .fa4 import unavailable_reason as fa4_unavailable_reason
-from .flash_attn_pkg import FLASH_ATTN, flash_attn_available
-from .flex import FLEX
-from .flex import unavailable_reason as flex_unavailable_reason
-from .math_ref import MATH
+from easy_context.kernels.base import SUPPORTS, AttnKernel, VariantError, default_scale, kernels_supporting
+from easy_context.kernels.cpu import CPU
+from easy_context.kernels.cuda_sdpa import CUDNN, EFFICIENT, FLASH
+from easy_context.kernels.fa4 import FA4
+from easy_context.kernels.fa4 import unavailable_reason as fa4_unavailable_reason
+from easy_context.kernels.flash_attn_pkg import FLASH_ATTN, flash_attn_available
+from easy_context.kernels.flex import FLEX
+from easy_context.kernels.flex import unavailable_reason as flex_unavailable_reason
+from easy_context.kernels.math_ref import MATH
 
 # (math before fa4: a VariantError names the kernels that compute a variant in this order, the one that runs anywhere
 # first)

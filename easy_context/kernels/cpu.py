@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import AttnKernel, Band, allowed_keys
+from easy_context.kernels.base import AttnKernel, Band, allowed_keys
 
 
 def _bhsd(x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import AttnKernel, repeat_kv, sum_kv_groups
-from .math_ref import math_backward
+from easy_context.kernels.base import AttnKernel, repeat_kv, sum_kv_groups
+from easy_context.kernels.math_ref import math_backward
 
 aten = torch.ops.aten
 

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from .base import AttnKernel, Band
+from easy_context.kernels.base import AttnKernel, Band
 
 INSTALL = "`pip install flash-attn-4` (or `pip install easy_context[gpu]`)"
 CAPABILITIES = (9, 10)  # compute capability majors: Hopper (sm90), Blackwell datacenter (sm100)

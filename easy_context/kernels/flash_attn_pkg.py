@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from .base import AttnKernel
+from easy_context.kernels.base import AttnKernel
 
 
 def flash_attn_available() -> bool:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from .base import AttnKernel, Band
+from easy_context.kernels.base import AttnKernel, Band
 
 BLOCK = 128  # FlexAttention's default sparse block size (tiles of the block mask)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import AttnKernel, Band, allowed_keys, repeat_kv, sum_kv_groups
+from easy_context.kernels.base import AttnKernel, Band, allowed_keys, repeat_kv, sum_kv_groups
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, softcap: float | None = None,

@@ -11,22 +11,27 @@
     impl, why = resolve_loss_impl("auto", device)   # "liger" on CUDA with liger-kernel installed, else "chunked"
 """
 
-from .chunked_ce import (
+from easy_context.loss.chunked_ce import (
     DEFAULT_CHUNK_SIZE,
     IGNORE_INDEX,
     chunked_linear_cross_entropy,
     plain_linear_cross_entropy,
 )
-from .fused_ce import (
+from easy_context.loss.fused_ce import (
     LCE_IMPLS,
     cce_linear_cross_entropy,
     liger_linear_cross_entropy,
     linear_cross_entropy,
 )
-from .global_loss import all_reduce_count, count_valid_targets, global_mean_for_logging, global_mean_loss
-from .lm_head import CausalLMWithLoss, LMHeadWithLoss
-from .logit_scale import LOGIT_SCALING, logit_multiplier
-from .select import HEAD_LOSS_IMPLS, LOSS_CHOICES, resolve_loss_impl
+from easy_context.loss.global_loss import (
+    all_reduce_count,
+    count_valid_targets,
+    global_mean_for_logging,
+    global_mean_loss,
+)
+from easy_context.loss.lm_head import CausalLMWithLoss, LMHeadWithLoss
+from easy_context.loss.logit_scale import LOGIT_SCALING, logit_multiplier
+from easy_context.loss.select import HEAD_LOSS_IMPLS, LOSS_CHOICES, resolve_loss_impl
 
 __all__ = [
     "HEAD_LOSS_IMPLS",

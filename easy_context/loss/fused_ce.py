@@ -21,7 +21,7 @@ import importlib
 
 import torch
 
-from .chunked_ce import (
+from easy_context.loss.chunked_ce import (
     DEFAULT_CHUNK_SIZE,
     IGNORE_INDEX,
     _autocast_inputs,

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .chunked_ce import DEFAULT_CHUNK_SIZE, IGNORE_INDEX
-from .fused_ce import linear_cross_entropy
-from .logit_scale import logit_multiplier
-from .select import resolve_loss_impl
+from easy_context.loss.chunked_ce import DEFAULT_CHUNK_SIZE, IGNORE_INDEX
+from easy_context.loss.fused_ce import linear_cross_entropy
+from easy_context.loss.logit_scale import logit_multiplier
+from easy_context.loss.select import resolve_loss_impl
 
 
 def _flash_attn_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +73,7 @@ def check_plain_head(model: nn.Module, head: nn.Module) -> None:
     """Raise unless ``model``'s logits are ``head(decoder(...).last_hidden_state)`` with ``head`` a plain Linear: the
     loss computes ``hidden @ W^T + b`` itself and would silently skip anything else (a per-token logit scale in the
     head's forward: Dory; a prediction head between the decoder and the output layer: ModernBERT decoder)."""
-    from ..hf.support import decoder_of
+    from easy_context.hf.support import decoder_of
 
     if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
         raise NotImplementedError(
@@ -116,7 +116,7 @@ class CausalLMWithLoss(nn.Module):
         self.config = model.config
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor):
-        from ..hf.support import decoder_of  # the loss package imports no transformers code at import time
+        from easy_context.hf.support import decoder_of  # the loss package imports no transformers code at import time
 
         out = decoder_of(self.model)(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         return self.model.get_output_embeddings()(out.last_hidden_state, targets, logit_softcapping=self.softcap,

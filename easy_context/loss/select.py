@@ -16,7 +16,7 @@ import importlib.metadata
 
 import torch
 
-from .fused_ce import LCE_IMPLS
+from easy_context.loss.fused_ce import LCE_IMPLS
 
 HEAD_LOSS_IMPLS = (*LCE_IMPLS, "flash_attn")  # what the LM head with loss computes (easy_context.loss.lm_head)
 

@@ -11,7 +11,7 @@ or, EasyContext-style, ``apply_unsloth_offloaded_gradient_checkpoint_monkey_patc
 ``model.gradient_checkpointing_enable()``.
 """
 
-from .offload_checkpoint import (
+from easy_context.memory.offload_checkpoint import (
     CHECKPOINT_MODES,
     HostCopy,
     apply_checkpointing,
@@ -21,8 +21,8 @@ from .offload_checkpoint import (
     offloaded_checkpoint,
     revert_unsloth_offloaded_gradient_checkpoint_monkey_patch,
 )
-from .rmsnorm import RMSNormFunction, enable_chunked_rmsnorm
-from .tiled_mlp import TiledMLPFunction, enable_tiled_mlp, tile_bounds, tile_mlp_module, tiled_mlp
+from easy_context.memory.rmsnorm import RMSNormFunction, enable_chunked_rmsnorm
+from easy_context.memory.tiled_mlp import TiledMLPFunction, enable_tiled_mlp, tile_bounds, tile_mlp_module, tiled_mlp
 
 __all__ = [
     "CHECKPOINT_MODES",

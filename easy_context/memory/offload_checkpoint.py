@@ -50,8 +50,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from ..core.attn_checkpoint import AttnCache
-from .strided_checkpoint import LayerGroups, strided_checkpoint
+from easy_context.core.attn_checkpoint import AttnCache
+from easy_context.memory.strided_checkpoint import LayerGroups, strided_checkpoint
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -187,7 +187,7 @@ def enable_offloaded_checkpointing(
                  for i in range(len(layers))]  # fmt: skip
     sliding = [False] * len(layers)
     if replay_attention == "global":  # sliding-window layers: plain checkpointing, attention re-run
-        from ..models import layer_windows
+        from easy_context.models import layer_windows
 
         windows = layer_windows(model.config)
         sliding = [kind != "full" for kind, _ in windows] if len(windows) == len(layers) else sliding
@@ -251,7 +251,7 @@ def apply_checkpointing(
     if mode.startswith("attn") and not impl.startswith("easy_context"):
         # it keeps the output of easy_context's attention: a model still on its own attention (not patched for an SP
         # mode: data parallel) switches to easy_context's data_parallel attention, kernel "auto" (the same math)
-        from ..hf.patch import apply_seq_parallel_monkey_patch
+        from easy_context.hf.patch import apply_seq_parallel_monkey_patch
 
         if not isinstance(model, PreTrainedModel):
             raise ValueError(f"checkpointing {mode!r} keeps the output of easy_context attention, but this "

@@ -1,11 +1,42 @@
 """Memory planner: the byte budget of one training step and the longest trainable context, before renting GPUs.
 
 ``python -m easy_context.plan --model <config.json|hub-id|preset> --gpus N --gpu-mem 80GB --host-mem 1TB``; every
-assumption, and the validation against measured probes, is in docs/planner.md. The modules: :mod:`.shapes` (model
-shapes, sizes), :mod:`.options` (memory options), :mod:`.budget` (the terms of a step), :mod:`.solve` (the longest
-S), :mod:`.validate` (anchors, probes), :mod:`.report` (text), :mod:`.cli` (the command line)."""
+assumption, and the validation against measured probes, is in docs/planner.md. The modules:
+:mod:`easy_context.models.shapes` (model shapes, sizes), :mod:`.options` (memory options), :mod:`.setup` (the run's
+hardware and settings), :mod:`.budget` (a step's byte budget), :mod:`.terms` (the terms of each phase of a step),
+:mod:`.solve` (the longest S), :mod:`.validate` (anchors, probes), :mod:`.report` (text), :mod:`.cli` (the command
+line)."""
 
-from .budget import (
+from easy_context.models.shapes import (
+    ALIASES,
+    BUILTIN_MODELS,
+    GB,
+    GIB,
+    PRESETS,
+    ModelShape,
+    load_model_shape,
+    parse_size,
+)
+from easy_context.plan.budget import Budget, Term
+from easy_context.plan.cli import build_parser, main
+from easy_context.plan.options import (
+    CHECKPOINTING,
+    OPTION_BY_NAME,
+    OPTIONS,
+    MemOption,
+    allowed_configs,
+    config_name,
+    parse_config,
+)
+from easy_context.plan.report import (
+    OPTIM_CONFIGS,
+    format_breakdown,
+    format_header,
+    format_run,
+    format_summary,
+    train_flags,
+)
+from easy_context.plan.setup import (
     LOSS_CHUNK,
     MAX_LIVE_PARAMETERS,
     NORM_CHUNK_ROWS,
@@ -13,25 +44,36 @@ from .budget import (
     NORMS,
     OPTIMS,
     SUB_GROUP_SIZE,
-    Budget,
     Setup,
-    Term,
-    build_budget,
     mode_layout,
 )
-from .cli import build_parser, main
-from .options import CHECKPOINTING, OPTION_BY_NAME, OPTIONS, MemOption, allowed_configs, config_name, parse_config
-from .report import OPTIM_CONFIGS, format_breakdown, format_header, format_run, format_summary, train_flags
-from .shapes import ALIASES, BUILTIN_MODELS, GB, GIB, PRESETS, ModelShape, load_model_shape, parse_size
-from .solve import MODES, ROUND_TOKENS, Prediction, best_prediction, budget_at, plan, predict, split_offload_layers
-from .validate import ANCHORS, PROBE_OPTIMIZERS, anchors, format_anchors, format_validation, read_probes, validate_probe
+from easy_context.plan.solve import (
+    MODES,
+    ROUND_TOKENS,
+    Prediction,
+    best_prediction,
+    budget_at,
+    plan,
+    predict,
+    split_offload_layers,
+)
+from easy_context.plan.terms import build_budget
+from easy_context.plan.validate import (
+    ANCHORS,
+    PROBE_OPTIMIZERS,
+    anchors,
+    format_anchors,
+    format_validation,
+    read_probes,
+    validate_probe,
+)
 
 __all__ = [
     # shapes
     "ALIASES", "BUILTIN_MODELS", "GB", "GIB", "PRESETS", "ModelShape", "load_model_shape", "parse_size",
     # options
     "CHECKPOINTING", "OPTION_BY_NAME", "OPTIONS", "MemOption", "allowed_configs", "config_name", "parse_config",
-    # budget
+    # setup, budget, terms
     "LOSS_CHUNK", "MAX_LIVE_PARAMETERS", "NORM_CHUNK_ROWS", "NORM_CHUNK_TEMPS", "NORMS", "OPTIMS", "SUB_GROUP_SIZE",
     "Budget", "Setup", "Term", "build_budget", "mode_layout",
     # solve

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from easy_context.plan.cli import main
 
 sys.exit(main())

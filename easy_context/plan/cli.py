@@ -7,14 +7,14 @@ import math
 import sys
 from dataclasses import asdict
 
-from ..cli import ArgumentParser
-from ..core import registry
-from .budget import LOSS_CHUNK, NORMS, OPTIMS, Setup, mode_layout
-from .options import OPTION_BY_NAME, OPTIONS, parse_config
-from .report import format_breakdown, format_header, format_run, format_summary, train_flags
-from .shapes import load_model_shape, parse_size
-from .solve import ROUND_TOKENS, budget_at, plan, predict
-from .validate import anchors, format_anchors, format_validation, read_probes, validate_probe
+from easy_context.cli import ArgumentParser
+from easy_context.core import registry
+from easy_context.models.shapes import load_model_shape, parse_size
+from easy_context.plan.options import OPTION_BY_NAME, OPTIONS, parse_config
+from easy_context.plan.report import format_breakdown, format_header, format_run, format_summary, train_flags
+from easy_context.plan.setup import LOSS_CHUNK, NORMS, OPTIMS, Setup, mode_layout
+from easy_context.plan.solve import ROUND_TOKENS, budget_at, plan, predict
+from easy_context.plan.validate import anchors, format_anchors, format_validation, read_probes, validate_probe
 
 
 def build_parser() -> ArgumentParser:

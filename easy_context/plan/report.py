@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
-from .budget import Budget, Setup
-from .options import parse_config
-from .shapes import GB, ModelShape
-from .solve import Prediction
+from easy_context.models.shapes import GB, ModelShape
+from easy_context.plan.budget import Budget
+from easy_context.plan.options import parse_config
+from easy_context.plan.setup import Setup
+from easy_context.plan.solve import Prediction
 
 OPTIM_CONFIGS = {  # how each --optim is launched, for {gpus} processes
     "zero3_offload": "accelerate launch --config_file accelerate_configs/single_node.yaml --num_processes {gpus}",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..core import registry
-from .budget import Budget, Setup, build_budget, mode_layout
-from .options import OPTIONS, MemOption, allowed_configs
-from .shapes import ModelShape
+from easy_context.core import registry
+from easy_context.models.shapes import ModelShape
+from easy_context.plan.budget import Budget
+from easy_context.plan.options import OPTIONS, MemOption, allowed_configs
+from easy_context.plan.setup import Setup, mode_layout
+from easy_context.plan.terms import build_budget
 
 MODES = registry.SEQ_ALGOS  # the built-in backends; the planner takes every registered one (registry.SEQ_ALGOS)
 ROUND_TOKENS = 1024

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import re
 
-from .budget import NORMS, Setup, build_budget
-from .options import OPTION_BY_NAME, parse_config
-from .shapes import GIB, load_model_shape, parse_size
-from .solve import best_prediction
+from easy_context.models.shapes import GIB, load_model_shape, parse_size
+from easy_context.plan.options import OPTION_BY_NAME, parse_config
+from easy_context.plan.setup import NORMS, Setup
+from easy_context.plan.solve import best_prediction
+from easy_context.plan.terms import build_budget
 
 ANCHORS = (
     # (label, model, gpus, gpu_mem, host_mem, mode, option, published S)

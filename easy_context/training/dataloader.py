@@ -6,21 +6,30 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from ..core.groups import get_dp_group, get_sp_group, init_sp_groups
-from ..core.registry import get_seq_algo
+from easy_context.core.groups import get_dp_group, get_sp_group, init_sp_groups
+from easy_context.core.registry import get_seq_algo
 
 
 def prepare_dataloader(
-    seq_algo: str, dataloader: DataLoader, accelerator, sp_size: int | None = None, check: bool = True
+    seq_algo: str,
+    dataloader: DataLoader,
+    accelerator,
+    sp_size: int | None = None,
+    check: bool = True,
+    put_on_device: bool = True,
 ):
     """Wrap ``dataloader`` so every rank of an SP group sees the same batches and DP groups see different ones.
 
     ``data_parallel``: plain ``accelerator.prepare`` (every rank its own batches). SP modes: the batches are
     sharded over the ``world / sp_size`` DP groups (``sp_size=None``: one SP group, every rank the same data).
     With ``check`` the first batch's checksum is compared across the SP group (one tiny all-gather).
+    ``put_on_device=False``: the batches stay on the host (a loop that shards them there first moves only this
+    rank's shard to the device, once).
     """
     if not get_seq_algo(seq_algo).distributed:
-        return accelerator.prepare(dataloader)
+        if put_on_device:
+            return accelerator.prepare(dataloader)
+        return accelerator.prepare_data_loader(dataloader, device_placement=False)
     from accelerate.data_loader import prepare_data_loader
 
     init_sp_groups(sp_size)
@@ -28,7 +37,7 @@ def prepare_dataloader(
     dp_size = 1 if dp_group is None else dist.get_world_size(dp_group)
     dp_rank = 0 if dp_group is None else dist.get_rank(dp_group)
     loader = prepare_data_loader(
-        dataloader, accelerator.device, num_processes=dp_size, process_index=dp_rank, put_on_device=True
+        dataloader, accelerator.device, num_processes=dp_size, process_index=dp_rank, put_on_device=put_on_device
     )
     return _SameBatchCheck(loader) if check else loader
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from ..models import layer_windows, text_config
+from easy_context.models import layer_windows, text_config
 
 # dense bf16 peak by GPU name (datasheet, no sparsity)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A800": 312.0, "H800": 989.0, "L40S": 362.0}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .flops import peak_flops, train_flops_per_token
+from easy_context.training.flops import peak_flops, train_flops_per_token
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -32,7 +32,7 @@ def build_optimizer(
                              f"({accelerator.num_processes} processes would hold {accelerator.num_processes} copies); "
                              "use it on one GPU, or DeepSpeed ZeRO-3 offload (accelerate_configs/single_node.yaml) "
                              "to shard the states")  # fmt: skip
-        from .host_adamw import HostAdamW
+        from easy_context.training.host_adamw import HostAdamW
 
         return HostAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     offload = (ds.deepspeed_config.get("zero_optimization", {}).get("offload_optimizer") or {}) if ds else {}

@@ -6,13 +6,13 @@ Two ways torch's gloo backend (2.13) breaks the end of a finished script, both f
   *after* ``wait()`` has returned. Freeing it drops the last reference to a Python tensor, so that thread must take
   the GIL; if the main thread is by then finalizing the interpreter, the worker is force-exited while unwinding a
   C++ destructor: "terminate called without an active exception", SIGABRT, exit -6, after all the work is done
-  (pytorch/pytorch#179291). Measured (2026-11-29, 2 gloo ranks holding a reference to the world group past
-  ``destroy_process_group``, normal exit): 10 aborts in 12 runs; train.py under 2-rank zigzag: 2 in 29.
+  (pytorch/pytorch#179291). Measured with 2 gloo ranks holding a reference to the world group past
+  ``destroy_process_group``, normal exit: 10 aborts in 12 runs; train.py under 2-rank zigzag: 2 in 29.
 * **Deadlock in a group's destructor.** A group destroyed while something still holds it (accelerate's
   ``end_training()`` destroys the world group while the DDP model's reducer holds it) is freed later, when that
   holder goes (``main()`` returning): ``~ProcessGroupGloo`` then runs on the main thread *with the GIL held* and
   waits for the work mutex, which a worker thread holds while it frees that same last collective and waits for
-  the GIL. Both wait forever, and a Python watchdog thread cannot run either (gdb, 2026-12-01: main thread in
+  the GIL. Both wait forever, and a Python watchdog thread cannot run either (gdb: main thread in
   ``~ProcessGroupGloo`` <- ``~Reducer`` <- the frame of ``main`` being cleared; ``pt_gloo_runloop`` in
   ``~AsyncAllgatherWork`` -> ``take_gil``). train.py's 2-process test run hung so in 1 of 21 runs (CI: the
   suite hung until its 90-minute limit).

@@ -238,7 +238,7 @@ def recorded_run(state_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """(file, record) of the run that wrote ``state_dir``: the record train.py saves in each state (the ``config`` of
     its ``easy_context_state.json``, train_state.save_training_state), else the output dir's ``run_config.json``
     (states are ``<output-dir>/state-stepN``); None for a state saved before runs were recorded."""
-    from .train_state import STATE_JSON
+    from easy_context.training.train_state import STATE_JSON
 
     for path, key in ((Path(state_dir) / STATE_JSON, "config"), (Path(state_dir).parent / RUN_CONFIG, None)):
         try:

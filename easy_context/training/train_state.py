@@ -244,7 +244,7 @@ _FIXED = {
 def model_fingerprint(config: Any) -> str:
     """What identifies a model for a resume: architecture, sizes, vocabulary and RoPE base of a transformers config
     (a local copy of the same model has the same fingerprint; another model or RoPE base does not)."""
-    from ..models import get_rope_theta
+    from easy_context.models import get_rope_theta
 
     names = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
              "intermediate_size", "vocab_size")  # fmt: skip

@@ -31,14 +31,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from easy_context import kernels  # noqa: E402
+from easy_context.backends.zigzag_ring_attn import zigzag_shard, zigzag_unshard  # noqa: E402
+from easy_context.backends.zigzag_ring_attn.simulate import virtual_backward, virtual_forward  # noqa: E402
 from easy_context.core.block import Block  # noqa: E402
 from easy_context.core.spans import Span  # noqa: E402
 from easy_context.core.windows import window_blocks  # noqa: E402
 from easy_context.kernels import KERNELS, get_kernel, kernel_works  # noqa: E402
 from easy_context.kernels.flex import FLEX  # noqa: E402
 from easy_context.kernels.math_ref import MATH  # noqa: E402
-from easy_context.zigzag_ring_attn import zigzag_shard, zigzag_unshard  # noqa: E402
-from easy_context.zigzag_ring_attn.simulate import virtual_backward, virtual_forward  # noqa: E402
 
 DEV = "cuda"
 TOL = {torch.bfloat16: 2e-2, torch.float32: 2e-3}  # relative to the largest reference entry; LSE: absolute

@@ -1,16 +1,21 @@
 """RULER's synthetic long-context tasks (Hsieh et al., arXiv 2404.06654), generated locally, scored by generation.
 
-* :mod:`.vocab` — English words (wonderwords' lists), keys, values (numbers, word pairs, UUIDs), FWE's coded words and
-  variable names, from a seeded RNG.
-* :mod:`.tasks` — the task definitions (retrieval, multi-hop tracing, aggregation) and one prompt per
+The prompts come from :mod:`easy_context.tasks.ruler` (shared with data preparation):
+
+* ``tasks.ruler.vocab`` — English words (wonderwords' lists), keys, values (numbers, word pairs, UUIDs), FWE's coded
+  words and variable names, from a seeded RNG.
+* ``tasks.ruler.builders`` — the task definitions (retrieval, multi-hop tracing, aggregation) and one prompt per
   (task, length, sample), built as NVIDIA's generator builds it to RULER's token budget.
-* :mod:`.fit` — the prompt's size search (the largest haystack whose prompt stays within the budget).
+* ``tasks.ruler.fit`` — the prompt's size search (the largest haystack whose prompt stays within the budget).
+
+Here:
+
 * :mod:`.scoring` — RULER's metric (share of expected strings in the output), 95 % intervals, the effective length.
 
 The program is :mod:`easy_context.eval.run_ruler` (``eval_ruler.py``, ``easy-context-eval-ruler``).
 """
 
-from .scoring import effective_length, string_match_all
-from .tasks import DEFAULT_TASKS, TASKS, RulerCase, RulerTask, make_case
+from easy_context.eval.ruler.scoring import effective_length, string_match_all
+from easy_context.tasks.ruler.builders import DEFAULT_TASKS, TASKS, RulerCase, RulerTask, make_case
 
 __all__ = ["DEFAULT_TASKS", "TASKS", "RulerCase", "RulerTask", "effective_length", "make_case", "string_match_all"]

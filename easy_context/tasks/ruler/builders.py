@@ -1,0 +1,395 @@
+"""RULER's synthetic tasks as NVIDIA's generator defines them (arXiv 2404.06654; its ``scripts/data/synthetic``),
+written here from that definition.
+
+Every prompt is ``[worked example] + instructions + haystack (what is asked hidden in it) + question``, wrapped in the
+model's template, followed by the answer prefix the model continues. Its haystack is the largest one for which
+``prompt tokens + the task's tokens_to_generate <= length`` (RULER's budget: 128 NIAH, 30 VT, 120 CWE, 50 FWE),
+measured with the evaluated tokenizer (:mod:`.fit`). Every draw comes from
+``random.Random(f"ruler:{seed}:{task}:{length}:{sample}")``: a prompt is reproducible from its seed alone.
+
+* Retrieval (``niah_*``): needles ``One of the special magic numbers for {key} is: {value}.`` in a haystack of
+  ``noise`` lines or of other ``needles`` (one a line, joined by newlines) or of the ``essay`` text (at sentence
+  starts, at RULER's 40 depths); keys are adjective-noun pairs or UUIDs, values 7-digit numbers, word pairs or UUIDs.
+  One key asked with one value: singular wording ("A special magic number is hidden ...", "... is").
+* ``vt``: one chain of 4 hops ``VAR B = VAR A`` hidden in noise lines, after a worked example (a full chain with
+  3-letter names and value 12345 in ~500 tokens, with its answer).
+* ``cwe``: the 10 most common words of a numbered list of English words (each common word 30 times, each other word 3;
+  below 4K tokens 6 and 1), after a worked example (40 words, 10 common ones, with its answer; below 4K: 20).
+* ``fwe``: a text of random 6-letter words with exact Zipf counts (``int(n * rank**-2 / zeta(2))``) over a vocabulary
+  of length/50 words; the top-ranked word is "..." (the prompt says to ignore the dots); the answer is ranks 2-4.
+
+RULER's two QA tasks need SQuAD / HotpotQA, not available offline: left out (the average is over 11 of its 13 tasks).
+``niah_single_words`` (word values) is an extra, outside the average. What still differs from NVIDIA's generator is
+listed in docs/evals.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from easy_context.tasks.ruler.fit import largest_fitting
+from easy_context.tasks.ruler.vocab import (
+    KEYS,
+    VALUES,
+    coded_word,
+    distinct,
+    english_words,
+    made_up_word,
+    number,
+    variable_name,
+)
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+DEPTHS = tuple(round(i * 100 / 39) for i in range(40))  # the essay needles' depths in percent: 40 from 0 to 100
+
+NIAH_NEEDLE = "One of the special magic {kind} for {key} is: {value}."
+NIAH_PROMPT = (
+    "Some special magic {kind} are hidden within the following text. Make sure to memorize it. I will quiz you about "
+    "the {kind} afterwards.\n{context}\nWhat are all the special magic {kind} for {query} mentioned in the provided "
+    "text?"
+)
+NIAH_ANSWER = " The special magic {kind} for {query} mentioned in the provided text are"
+NIAH_PROMPT_ONE = (
+    "A special magic {kind} is hidden within the following text. Make sure to memorize it. I will quiz you about "
+    "the {kind} afterwards.\n{context}\nWhat is the special magic {kind} for {query} mentioned in the provided text?"
+)
+NIAH_ANSWER_ONE = " The special magic {kind} for {query} mentioned in the provided text is"
+VT_PROMPT = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\nQuestion: "
+    "Find all variables that are assigned the value {query} in the text above."
+)
+VT_ANSWER = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {count} variables are assigned the "
+    "value {query}, they are: "
+)
+CWE_PROMPT = (
+    "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones that "
+    "appear most often.\n{context}\nQuestion: What are the {count} most common words in the above list?"
+)
+CWE_ANSWER = " Answer: The top {count} words that appear most often in the list are:"
+FWE_PROMPT = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+    "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+    "What are the three most frequently appeared words in the above coded text?"
+)
+FWE_ANSWER = " Answer: According to the coded text above, the three most frequently appeared words are:"
+FWE_DOTS = "..."  # the top-ranked word: noise the prompt says to ignore
+VT_EXAMPLE_TOKENS = 500  # the worked example is a VT prompt of this many tokens (with its budget), as RULER's
+LONG = 4096  # from here on CWE uses its full frequencies and 40-word example (shorter prompts: 6 / 1 and 20 words)
+
+
+@dataclass(frozen=True)
+class RulerTask:
+    """One task's definition (RULER's ``synthetic.yaml`` parameters)."""
+
+    name: str
+    kind: str  # "niah" | "vt" | "cwe" | "fwe"
+    max_new_tokens: int  # RULER's tokens_to_generate: reserved in the prompt's budget, the generation budget
+    haystack: str = "essay"  # niah: noise | essay | needles
+    keys: str = "words"  # niah: words | uuids
+    values: str = "numbers"  # niah: numbers | words | uuids
+    num_keys: int = 1  # niah: needles of different keys (the first num_queries are asked)
+    num_values: int = 1  # niah: values per key
+    num_queries: int = 1
+    chains: int = 1  # vt
+    hops: int = 4
+    top: int = 10  # cwe: how many common words are asked
+    common_freq: int = 30  # cwe: occurrences of each common word ...
+    rare_freq: int = 3  # ... and of each other one
+    alpha: float = 2.0  # fwe: Zipf exponent
+    in_average: bool = True  # one of RULER's tasks (the average and the effective length use those)
+
+    @property
+    def needs_essays(self) -> bool:
+        return self.kind == "niah" and self.haystack == "essay"
+
+    @property
+    def needs_word_lists(self) -> bool:
+        """English words (the wonderwords lists): word keys or values, or CWE's list."""
+        return self.kind == "cwe" or (self.kind == "niah" and "words" in (self.keys, self.values))
+
+    @property
+    def singular(self) -> bool:
+        """One value asked: RULER words the prompt in the singular."""
+        return self.kind == "niah" and self.num_queries * self.num_values == 1
+
+
+TASKS: dict[str, RulerTask] = {t.name: t for t in (
+    RulerTask("niah_single_1", "niah", 128, haystack="noise"),
+    RulerTask("niah_single_2", "niah", 128),
+    RulerTask("niah_single_3", "niah", 128, values="uuids"),
+    RulerTask("niah_multikey_1", "niah", 128, num_keys=4),
+    RulerTask("niah_multikey_2", "niah", 128, haystack="needles"),
+    RulerTask("niah_multikey_3", "niah", 128, haystack="needles", keys="uuids", values="uuids"),
+    RulerTask("niah_multivalue", "niah", 128, num_values=4),
+    RulerTask("niah_multiquery", "niah", 128, num_keys=4, num_queries=4),
+    RulerTask("vt", "vt", 30),
+    RulerTask("cwe", "cwe", 120),
+    RulerTask("fwe", "fwe", 50),
+    RulerTask("niah_single_words", "niah", 128, values="words", in_average=False),
+)}  # fmt: skip
+DEFAULT_TASKS = tuple(name for name, task in TASKS.items() if task.in_average)
+RULER_TASK_COUNT = 13  # RULER's tasks: the 11 above in the average and its 2 QA tasks
+
+
+@dataclass
+class RulerCase:
+    """One prompt: the full model input ``text`` (ends with the answer prefix), what the output must contain."""
+
+    task: str
+    length: int  # the target: prompt tokens + max_new_tokens <= length
+    sample: int
+    text: str
+    answers: list[str]
+    max_new_tokens: int  # RULER's tokens_to_generate for the task
+    units: int  # haystack units that fit (lines, essay words, list words, coded words)
+    deviation: str = ""  # where a prompt too short for RULER's setting had to use a smaller one
+
+
+Count = Callable[[str], int]
+Render = Callable[[int], tuple[str, str, list[str]]]  # units -> (prompt body, answer prefix, answers)
+CweSetting = tuple[tuple[int, int], tuple[int, int, int] | None]  # (common, other) repeats; the example's (words, ..)
+
+
+def _join_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + ", and " + items[-1]
+
+
+class _Lazy:
+    """``make(rng)`` values drawn on demand from one RNG: ``lazy[:n]`` is the same prefix for every ``n``."""
+
+    def __init__(self, rng: random.Random, make, avoid: set[str] | None = None):
+        self.rng, self.make, self.avoid, self.items = rng, make, avoid if avoid is not None else set(), []
+
+    def __getitem__(self, part: slice) -> list[str]:
+        while len(self.items) < part.stop:
+            self.items += distinct(self.rng, self.make, max(part.stop - len(self.items), 64), self.avoid)
+        return self.items[part]
+
+
+def _sentence_start(units: list[str], at: int, reach: int = 64) -> int:
+    """The nearest index ``<= at`` (within ``reach``) where a sentence starts, else ``at``."""
+    for j in range(at, max(at - reach, 0) - 1, -1):
+        if j == 0 or units[j - 1].endswith((".", "?", "!")):
+            return j
+    return at
+
+
+def _insert(units: list[str], inserts: list[tuple[float, str]], sep: str, snap: bool = False) -> str:
+    """``units`` joined by ``sep`` with each ``(depth, text)`` placed at that fraction of them, in the given order
+    where two land at one place (``snap``: moved back to a sentence start, so a needle never splits a sentence)."""
+    places: dict[int, list[str]] = {}
+    for depth, text in inserts:
+        at = min(int(depth * (len(units) + 1)), len(units))
+        places.setdefault(_sentence_start(units, at) if snap else at, []).append(text)
+    out: list[str] = []
+    for j in range(len(units) + 1):
+        out += places.get(j, [])
+        if j < len(units):
+            out.append(units[j])
+    return sep.join(out)
+
+
+def _niah(task: RulerTask, rng: random.Random, essay_words: list[str]) -> Render:
+    used: set[str] = set()
+    keys = distinct(rng, KEYS[task.keys], task.num_keys, used)
+    values = {key: distinct(rng, VALUES[task.values], task.num_values, used) for key in keys}
+    needles = [NIAH_NEEDLE.format(kind=task.values, key=key, value=v) for key in keys for v in values[key]]
+    rng.shuffle(needles)
+    if task.haystack == "essay":  # at RULER's depths (percent of the essay), each needle its own
+        depths = [d / 100 for d in sorted(rng.sample(DEPTHS, len(needles)))]
+    else:
+        depths = [rng.random() for _ in needles]
+    asked = keys[: task.num_queries]
+    answers = [v for key in asked for v in values[key]]
+    query = _join_list(asked)
+    kind = task.values[:-1] if task.singular else task.values
+    prompt, answer = (NIAH_PROMPT_ONE, NIAH_ANSWER_ONE) if task.singular else (NIAH_PROMPT, NIAH_ANSWER)
+    filler = _Lazy(random.Random(rng.random()), lambda r: NIAH_NEEDLE.format(
+        kind=task.values, key=KEYS[task.keys](r), value=VALUES[task.values](r)), used)  # fmt: skip
+
+    def render(n: int) -> tuple[str, str, list[str]]:
+        if task.haystack == "essay":
+            units = [essay_words[i % len(essay_words)] for i in range(n)]
+            context = _insert(units, list(zip(depths, needles)), " ", snap=True)
+        else:
+            units = [NOISE] * n if task.haystack == "noise" else filler[:n]
+            context = _insert(units, list(zip(depths, needles)), "\n")
+        return prompt.format(kind=kind, context=context, query=query), answer.format(kind=kind, query=query), answers
+
+    return render
+
+
+def _vt_chain(rng: random.Random, task: RulerTask, letters: int, value: str | None) -> Render:
+    """One VT prompt's renderer: ``task.chains`` chains of ``task.hops`` hops in ``n`` noise lines; the first chain's
+    value is asked. Noise lines end in a newline and every piece is joined by a space, as RULER writes them."""
+    used: set[str] = set()
+    chains, statements = [], []
+    for _ in range(task.chains):
+        names = distinct(rng, lambda r: variable_name(r, letters), task.hops + 1, used)
+        chain_value = value or number(rng, 5)
+        chains.append((chain_value, names))
+        lines = [f"VAR {names[0]} = {chain_value}"] + [f"VAR {b} = VAR {a} " for a, b in zip(names, names[1:])]
+        depths = sorted(rng.random() for _ in lines)  # in order: each assignment after the one it reads
+        statements += zip(depths, lines)
+    query, names = chains[0]
+
+    def render(n: int) -> tuple[str, str, list[str]]:
+        context = _insert([NOISE + "\n"] * n, statements, " ")
+        body = VT_PROMPT.format(context=context, query=query)
+        return body, VT_ANSWER.format(count=len(names), query=query), list(names)
+
+    return render
+
+
+def _vt_example(task: RulerTask, rng: random.Random, count: Count, length: int) -> str:
+    """RULER's worked VT example: a full prompt (3-letter names, value 12345, at most 10 hops) sized to ~500 tokens
+    with its generation budget (scaled down below 4K tokens), then its answer, then a newline."""
+    example = _vt_chain(rng, RulerTask("vt_example", "vt", task.max_new_tokens, chains=task.chains,
+                                       hops=min(task.hops, 10)), 3, "12345")  # fmt: skip
+    budget = VT_EXAMPLE_TOKENS * min(length, LONG) // LONG - task.max_new_tokens
+
+    def text(n: int) -> str:
+        body, prefix, answers = example(n)
+        return body + prefix + " ".join(answers) + "\n"
+
+    try:
+        return text(largest_fitting(lambda n: count(text(n)), budget))
+    except ValueError:  # a prompt far below RULER's lengths: the example without noise
+        return text(0)
+
+
+def _vt(task: RulerTask, rng: random.Random, count: Count, length: int) -> Render:
+    example = _vt_example(task, random.Random(rng.random()), count, length)
+    chain = _vt_chain(rng, task, 5, None)
+
+    def render(n: int) -> tuple[str, str, list[str]]:
+        body, prefix, answers = chain(n)
+        return example + body, prefix, answers
+
+    return render
+
+
+def _numbered(words: list[str]) -> str:
+    return " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
+
+
+def _cwe(task: RulerTask, rng: random.Random, freq: tuple[int, int], example: tuple[int, int, int] | None) -> Render:
+    """The numbered list of ``task.top`` common words (``freq[0]`` times each) and ``n`` others (``freq[1]`` times
+    each), after a worked example of ``example[0]`` words (the common ones ``example[1]`` times, the others
+    ``example[2]``) with its answer; None: no example (only for prompts far below RULER's lengths)."""
+    english = list(english_words())
+    pool = rng.sample(english, len(english))  # this prompt's words in the order they are taken
+    more = _Lazy(random.Random(rng.random()), made_up_word, set(english))  # past the English lists' ~8K words
+    order_seed = rng.random()
+    worked = ""
+    if example:
+        sample = rng.sample(english, example[0])  # drawn apart from the prompt's words, as RULER's (may overlap)
+        ex_common, ex_rare = sample[: task.top], sample[task.top :]
+        ex_items = ex_common * example[1] + ex_rare * example[2]
+        random.Random(rng.random()).shuffle(ex_items)
+        shown = CWE_PROMPT.format(context=_numbered(ex_items), count=task.top) + CWE_ANSWER.format(count=task.top)
+        worked = shown + " " + _numbered(ex_common) + "\n"
+    common = pool[: task.top]
+
+    def render(n: int) -> tuple[str, str, list[str]]:
+        rare = pool[task.top : task.top + n]
+        if len(rare) < n:
+            rare += more[: n - len(rare)]
+        items = common * freq[0] + rare * freq[1]
+        random.Random(f"{order_seed}:{n}").shuffle(items)
+        body = worked + CWE_PROMPT.format(context=_numbered(items), count=task.top)
+        return body, CWE_ANSWER.format(count=task.top), list(common)
+
+    return render
+
+
+@functools.cache
+def zeta(alpha: float) -> float:
+    """Riemann's zeta(alpha), alpha > 1: a partial sum plus the Euler-Maclaurin tail (~1e-12 for alpha = 2)."""
+    terms = 10_000
+    return sum(k**-alpha for k in range(1, terms)) + terms ** (1 - alpha) / (alpha - 1) + terms**-alpha / 2
+
+
+def zipf_counts(words: int, vocabulary: int, alpha: float) -> list[int]:
+    """FWE's exact counts: rank ``k`` (from 1) occurs ``int(words * k**-alpha / zeta(alpha))`` times."""
+    return [int(words * k**-alpha / zeta(alpha)) for k in range(1, vocabulary + 1)]
+
+
+def _fwe(task: RulerTask, rng: random.Random, length: int) -> Render:
+    vocab = distinct(rng, coded_word, max(length // 50, 5))
+    vocab[0] = FWE_DOTS
+    stream_seed = rng.random()
+    zeta_cache: dict[int, list[int]] = {}
+
+    def render(n: int) -> tuple[str, str, list[str]]:
+        counts = zeta_cache.setdefault(n, zipf_counts(n, len(vocab), task.alpha))
+        words = [w for w, c in zip(vocab, counts) for _ in range(c)]
+        random.Random(f"{stream_seed}:{n}").shuffle(words)
+        return FWE_PROMPT.format(context=" ".join(words)), FWE_ANSWER, vocab[1:4]
+
+    return render
+
+
+def make_case(
+    task: RulerTask,
+    length: int,
+    sample: int,
+    count_tokens: Count,
+    wrap: Callable[[str, str], str],
+    essay_words: list[str] | None = None,
+    seed: int = 0,
+) -> RulerCase:
+    """The prompt of ``task`` at ``length`` tokens for ``sample``: the largest haystack with
+    ``count_tokens(prompt) + task.max_new_tokens <= length``.
+
+    ``wrap(body, answer_prefix)`` is the full model input (base: ``body + answer_prefix``; or the chat template's);
+    ``count_tokens(text)`` its token count as the model sees it (BOS included). ``essay_words``: the essay haystack,
+    needed by the ``essay`` tasks (a ValueError without it)."""
+
+    def rng() -> random.Random:
+        return random.Random(f"ruler:{seed}:{task.name}:{length}:{sample}")
+
+    if task.needs_essays and not essay_words:
+        raise ValueError(f"{task.name} hides its needles in essays: pass --haystack_dir DIR of .txt files")
+    target = length - task.max_new_tokens
+    if target <= 0:
+        raise ValueError(f"{length} tokens leave no room beside {task.max_new_tokens} to generate: ask for a longer "
+                         "length")  # fmt: skip
+    if task.kind == "cwe":  # RULER's frequencies; a prompt too short for them gets lower ones (recorded)
+        short: list[CweSetting] = [((f, 1), (20, 3, 1)) for f in range(6, 1, -1)]
+        short += [((f, 1), None) for f in range(6, 1, -1)]  # far below RULER's lengths: no room for the example
+        settings = [((task.common_freq, task.rare_freq), (40, 10, 3))] + short if length >= LONG else short
+        renders = [(_cwe(task, rng(), freq, example), freq, example) for freq, example in settings]
+    else:
+        build = {"niah": lambda: _niah(task, rng(), essay_words or []), "vt": lambda: _vt(task, rng(), count_tokens,
+                 length), "fwe": lambda: _fwe(task, rng(), length)}[task.kind]  # fmt: skip
+        renders = [(build(), (0, 0), None)]
+    deviation, error = "", None
+    for i, (render, freq, example) in enumerate(renders):
+
+        def count(n: int, render: Render = render) -> int:
+            body, prefix, _ = render(n)
+            return count_tokens(wrap(body, prefix))
+
+        try:
+            units = largest_fitting(count, target)
+        except ValueError as exc:
+            error = exc
+            continue
+        if i:
+            deviation = (f"common words x{freq[0]}, others x{freq[1]}{'' if example else ', no worked example'} "
+                         f"(RULER's x{renders[0][1][0]} / x{renders[0][1][1]} do not fit {length} tokens)")  # fmt: skip
+        body, prefix, answers = render(units)
+        return RulerCase(task.name, length, sample, wrap(body, prefix), answers, task.max_new_tokens, units, deviation)
+    raise ValueError(f"{error} (with {task.max_new_tokens} tokens to generate)")
+
+
+def unit_name(task: RulerTask) -> str:
+    """What one haystack unit of ``task`` is (the audit file's ``units``)."""
+    if task.kind == "niah":
+        return {"essay": "essay words", "noise": "noise lines", "needles": "needle lines"}[task.haystack]
+    return {"vt": "noise lines", "cwe": "other words", "fwe": "coded words"}[task.kind]

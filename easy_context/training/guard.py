@@ -1,0 +1,113 @@
+"""What keeps a training run bounded and resumable (easy_context/train.py): the step watchdog and its timeouts
+(``--step-timeout``), the time limit (``--time-limit``), the stop step (``--stop-at-step``) and the checkpoint saves
+(``--save-every``, the state at a stop, the final model)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+
+from easy_context.training.train_state import CheckpointError, DataLayout, save_hf_checkpoint, save_training_state
+from easy_context.training.watchdog import StepTimeout, Watchdog, parse_step_timeout
+
+
+@contextmanager
+def exit_on(*errors: type[BaseException], flag: str = ""):
+    """Turn the expected failures of one setup step into a one-line ``error: [flag]message`` exit."""
+    try:
+        yield
+    except errors as exc:
+        sys.exit(f"error: {flag}{' '.join(str(exc).split())}")  # one line, also for transformers' multi-line ones
+
+
+def out_of_time(started: float, limit_s: float, device: torch.device) -> bool:
+    """Whether ``limit_s`` seconds have passed since ``started`` (time.monotonic) on any rank: one all-reduced flag,
+    so that every rank stops after the same step."""
+    late = torch.tensor([time.monotonic() - started >= limit_s], dtype=torch.int32, device=device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
+    return bool(late.item())
+
+
+def save_state(accelerator, directory: str, step: int, consumed: int, skipped: int, record: dict | None,
+               layout: DataLayout, tokens: int) -> None:  # fmt: skip
+    """A resumable state with the run's record (its ``config``, which --resume-from checks), its data layout and
+    the tokens trained so far."""
+    with exit_on(CheckpointError):
+        save_training_state(accelerator, directory, step, consumed, skipped, layout=layout, tokens=tokens,
+                            config=record)  # fmt: skip
+
+
+class RunGuard:
+    """The run's bounds and saves, around the steps::
+
+        guard = RunGuard(args, accelerator, started, last_step, record, layout)
+        for step in range(start, guard.last_step):
+            guard.step_begins()
+            ...  # optimizer step step + 1
+            last = guard.step_done(step + 1)  # watchdog beat; --time-limit may make this step the last
+            if guard.save_due(step + 1):
+                guard.save_state(step + 1, consumed, skipped, tokens)
+            if last:
+                break
+        guard.save_final(model, tokenizer)
+
+    The watchdog (``--step-timeout``; 0: none) ends a rank that makes no progress within the bound: 10x the
+    slowest step so far (auto) or fixed; the first step (compile, warm-up) and saves get ``max(S, 1800)`` s. It is
+    left running until the process exits (a teardown that hangs ends too)."""
+
+    def __init__(self, args, accelerator, started: float, last_step: int, record: dict | None,
+                 layout: DataLayout) -> None:  # fmt: skip
+        self.args, self.accelerator, self.started = args, accelerator, started
+        self.last_step = last_step  # --max-train-steps or --stop-at-step; --time-limit may bring it forward
+        self.record, self.layout = record, layout
+        fixed, floor = parse_step_timeout(args.step_timeout)
+        self.long_phase = max(fixed or 0, 1800)  # the first step (compile, warm-up) and checkpoint saves
+        self.timeouts = StepTimeout(fixed, first_s=self.long_phase, floor_s=floor)  # fixed, or 10x the slowest step
+        self.watchdog = Watchdog(fixed or self.long_phase, accelerator.process_index).start(
+            within_s=self.long_phase) if fixed != 0 else None  # fmt: skip  # a stuck rank or a dead launcher: no hang
+        self._step_started = time.monotonic()
+
+    def step_begins(self) -> None:
+        self._step_started = time.monotonic()
+
+    def step_done(self, step: int) -> bool:
+        """Optimizer step ``step`` (1-based) is done: tell the watchdog; True when it is the run's last (with
+        ``--time-limit``, decided by every rank together)."""
+        self._beat(step, self.timeouts.after(time.monotonic() - self._step_started))
+        limit = self.args.time_limit
+        if limit is not None and step < self.last_step and out_of_time(self.started, limit, self.accelerator.device):
+            self.last_step = step  # every rank takes the same decision (all-reduced): log, save the state, stop
+            if self.accelerator.is_main_process:
+                print(f"--time-limit {limit:g} s reached after step {step}: saving and stopping")
+        return step == self.last_step
+
+    def save_due(self, step: int) -> bool:
+        """Whether a resumable state is saved after ``step``: every ``--save-every`` steps, and at a stop before
+        ``--max-train-steps`` (``--stop-at-step``, ``--time-limit``)."""
+        args = self.args
+        stopping = step == args.stop_at_step or step == self.last_step < args.max_train_steps
+        return bool(args.save_every and step % args.save_every == 0) or stopping
+
+    def save_state(self, step: int, consumed: int, skipped: int, tokens: int) -> None:
+        """``OUTPUT_DIR/state-stepN``: the state after ``step`` with ``consumed`` micro-batches, ``skipped`` steps
+        and ``tokens`` trained (under the watchdog's long bound)."""
+        self._beat(step, self.long_phase, doing=f"saving state-step{step}")
+        save_state(self.accelerator, f"{self.args.output_dir}/state-step{step}", step, consumed, skipped, self.record,
+                   self.layout, tokens)  # fmt: skip
+        self._beat(step, self.timeouts.current)
+
+    def save_final(self, model, tokenizer) -> None:
+        """The HF checkpoint in OUTPUT_DIR (unless ``--no-save``), then the watchdog's bound for the shutdown."""
+        self._beat(self.last_step, self.long_phase, doing="saving the final model")
+        if not self.args.no_save:
+            with exit_on(CheckpointError):
+                save_hf_checkpoint(self.accelerator, model, tokenizer, self.args.output_dir)
+        self._beat(self.last_step, 300, doing="shutting down")
+
+    def _beat(self, step: int, within_s: float, doing: str | None = None) -> None:
+        if self.watchdog:
+            self.watchdog.beat(step, within_s=within_s, doing=doing)
