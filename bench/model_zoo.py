@@ -324,7 +324,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import transformers
 
-    from tests.dist_pool import DistPool
+    from tests.support.dist_pool import DistPool
 
     transformers.logging.set_verbosity(transformers.logging.CRITICAL)
     names = [f for f in args.families.split(",") if f] or families()

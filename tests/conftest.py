@@ -8,10 +8,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # read when datasets imports: the zygote (tests/zygote.py) has it too
+os.environ.setdefault(
+    "HF_DATASETS_OFFLINE", "1"
+)  # read when datasets imports: the zygote (tests/support/zygote.py) has it too
 
-from tests import zygote  # noqa: E402
-from tests.dist_pool import DistPool  # noqa: E402
+from tests.support import zygote  # noqa: E402
+from tests.support.dist_pool import DistPool  # noqa: E402
 
 # No test may hold the suite: past this many seconds a test fails with every thread's stack (SIGALRM), and a
 # test stuck where Python cannot run (a C call holding the GIL) ends pytest with the stacks a minute later.

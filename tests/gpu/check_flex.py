@@ -1,6 +1,6 @@
 """GPU check of kernel ``flex`` (PyTorch FlexAttention): parity with the fp32 math reference, forward and backward.
 
-What CPU CI cannot run (FlexAttention has no CPU backward; tests/test_kernel_flex.py covers the forward and the
+What CPU CI cannot run (FlexAttention has no CPU backward; tests/unit/test_kernel_flex.py covers the forward and the
 backward's algebra on CPU). On one CUDA GPU, in bf16 and fp32, GQA 4/1:
 
 - causal sliding windows 4, 7, 16 (head_dim 32) and 512 (head_dim 256, Gemma 3's shape) on lengths that are not

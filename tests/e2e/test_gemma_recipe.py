@@ -1,0 +1,259 @@
+"""The one recipe for any model (train_scripts/extend.sh + a YAML per model) and a CPU miniature of its Gemma 3 recipe.
+
+* What extend.sh runs for each shipped recipe, with ``python`` recording its arguments instead of running: the model
+  fetched by name, each baseline's RoPE flags, the progressive stages (each from the previous one's model), the launch
+  on N processes with the chosen backend; every training command parses with train.py's flags.
+* The miniature (tests/SLOW_TESTS.md: its time): a tiny Gemma 3 of the real model's layer pattern (5 sliding-window
+  layers + 1 global, two RoPE bases, 4 query / 1 KV heads) trained with train_scripts/gemma3_256k.yaml's flags on 2
+  processes launched as extend.sh launches them: a zigzag stage, then a Ulysses stage from its saved model; the loss
+  goes down, each stage saves a model, and easy_context.eval.compare summarises both stages.
+  The whole pipeline (data, evaluations, summary) on CPU: ``EC_MICRO_PIPELINE=1`` runs
+  ``DEVICE=cpu MICRO=1 NPROC=2 bash train_scripts/extend.sh train_scripts/gemma3_256k.yaml`` (minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from easy_context.train import build_parser
+from easy_context.training import recipe
+from tests.support import zygote
+from tests.support.jobs import run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = {"smollm2_64k.yaml": (8192, 65536), "gemma3_256k.yaml": (32768, 262144), "gemma3_1m.yaml": (32768, 1048576)}
+# the miniature's model: Gemma-3-270M's pattern and head layout, tiny
+TINY_GEMMA3 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                   num_key_value_heads=1, head_dim=16, sliding_window=64, query_pre_attn_scalar=16, vocab_size=64,
+                   max_position_embeddings=256)  # fmt: skip
+
+RECORDER = """#!{python}
+import json, os, sys
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1:2] == ["easy_context/training/recipe.py"]:  # the settings: the real ones
+    sys.path.insert(0, os.environ["ROOT"])
+    from easy_context.training.recipe import main
+    sys.exit(main(sys.argv[2:]))
+if sys.argv[1:2] == ["-c"]:  # the probe for flash-attn-4: not here
+    sys.exit(1)
+if "train.py" in sys.argv:  # a training run: its model folder
+    out = sys.argv[sys.argv.index("--output-dir") + 1]
+    os.makedirs(out, exist_ok=True)
+    open(os.path.join(out, "config.json"), "w").write("{{}}")
+"""
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_yaml_parses_with_train_flags_and_its_stages_too(name):
+    """train.py reads the recipe (its pipeline: section ignored); each stage's flags parse over it; the pipeline's
+    settings name the base and target lengths."""
+    path = str(ROOT / "train_scripts" / name)
+    base, target = RECIPES[name]
+    fixed = ["--model", "m", "--dataset", "d", "--output-dir", "o"]
+    args = recipe.parse_args_with_recipe(build_parser(), ["--config", path, *fixed])
+    assert args.seq_length == target and args.rope_theta and args.dtype == "float32"
+    data = recipe.load_recipe(path)
+    for micro in (False, True):
+        settings = recipe.pipeline_settings(data, micro=micro)
+        assert settings["fetch"] in ("smollm2-135m", "gemma3-270m") and settings["base_length"] < settings["target"]
+        for stage in settings.get("stages") or []:
+            stage_argv = recipe.recipe_argv(build_parser(), stage, path)
+            stage_args = recipe.parse_args_with_recipe(build_parser(), ["--config", path, *fixed, *stage_argv])
+            assert stage_args.seq_length < settings["target"] and stage_args.max_train_steps >= 1
+    settings = recipe.pipeline_settings(data)
+    assert (settings["base_length"], settings["target"]) == (base, target)
+
+
+def test_pipeline_key_is_not_a_flag_but_must_be_a_mapping(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_text("seq-length: 64\npipeline:\n  base_length: 32\n  stages:\n"
+                    "    - {seq-length: 32, max-train-steps: 2}\n")  # fmt: skip
+    args = recipe.parse_args_with_recipe(build_parser(), ["--config", str(path), "--model", "m", "--dataset", "d",
+                                                          "--output-dir", "o"])  # fmt: skip
+    assert args.seq_length == 64
+    shell = recipe.pipeline_shell(recipe.load_recipe(str(path)))
+    assert '[ -n "${TARGET+set}" ] || TARGET=64' in shell and "BASE_LENGTH=32" in shell
+    assert "STAGE_SEQ+=(32) STAGE_STEPS+=(2) STAGE_FLAGS+=('--seq-length=32 --max-train-steps=2')" in shell
+    path.write_text("seq-length: 64\npipeline: 3\n")
+    with pytest.raises(SystemExit):
+        recipe.parse_args_with_recipe(build_parser(), ["--config", str(path), "--model", "m", "--dataset", "d",
+                                                       "--output-dir", "o"])  # fmt: skip
+    assert "pipeline: expected a mapping of settings, got 3" in capsys.readouterr().err
+
+
+def extend_commands(tmp_path: Path, recipe_name: str, script: str = "extend.sh", **env) -> list[list[str]]:
+    """The commands ``bash train_scripts/<script> <recipe>`` runs (python recording its arguments), with every
+    stage's data already in place so each training command is issued; each stage's "done" check passes."""
+    work = tmp_path / "work"
+    data = recipe.pipeline_settings(recipe.load_recipe(str(ROOT / "train_scripts" / recipe_name)))
+    lengths = [s["seq-length"] for s in data.get("stages") or []] + [data["target"], data["base_length"]]
+    lengths += [int(env["TARGET2"])] if "TARGET2" in env else []
+    for n in lengths:
+        (work / f"data_{n}").mkdir(parents=True, exist_ok=True)
+        (work / f"data_{n}" / "dataset_info.json").write_text("{}")
+    (work / "code.jsonl").write_text("")
+    python = tmp_path / "python"
+    python.write_text(RECORDER.format(python=sys.executable))
+    python.chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    env = {**keep, "PY": str(python), "RECORD": str(record), "ROOT": str(ROOT), "WORK": str(work), **env}
+    args = [] if script != "extend.sh" else [f"train_scripts/{recipe_name}"]
+    res = subprocess.run(["bash", f"train_scripts/{script}", *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def train_calls(calls: list[list[str]]) -> list[tuple[list[str], object]]:
+    """(launcher prefix, parsed train.py args) of each training command."""
+    out = []
+    for call in calls:
+        if "train.py" in call:
+            at = call.index("train.py")
+            out.append((call[:at], recipe.parse_args_with_recipe(build_parser(), call[at + 1 :])))
+    return out
+
+
+def test_extend_runs_the_gemma_recipe_on_one_gpu(tmp_path):
+    calls = extend_commands(tmp_path, "gemma3_256k.yaml")
+    work = tmp_path / "work"
+    assert ["-m", "easy_context.models.fetch", "gemma3-270m", "--dest", str(work / "base")] in calls
+    needles = {c[c.index("--output-dir") + 1].split("/eval/")[1]: " ".join(c)
+               for c in calls if c[:1] == ["eval_needle.py"]}  # fmt: skip
+    assert "--rope_theta 20000000" in needles["rope_theta/needle"]
+    assert "--rope_scaling linear:8 " in needles["linear/needle"]
+    assert "--rope_scaling dynamic:8:32768" in needles["dynamic_ntk/needle"]
+    assert "--rope_scaling yarn:8:32768" in needles["yarn/needle"]
+    assert "--min_context_length 32768 --max_context_length 262144 --context_interval 32768" in needles["base/needle"]
+    assert "--num_samples 5" in needles["base/needle"]
+    long = needles["extended/long_yarn_4_262144"]
+    assert "--rope_scaling yarn:4:262144" in long and "--min_context_length 524288 --max_context_length 1048576" in long
+    assert "--context_interval 524288 --num_samples 2" in long and "extended/long_none" in needles
+    stages = train_calls(calls)
+    assert [a.seq_length for _, a in stages] == [131072, 262144]  # 128K, then 256K from its model; no control
+    (p1, s1), (p2, s2) = stages
+    assert p1 == [] and p2 == []  # one process: train.py itself
+    assert (s1.model, s2.model) == (str(work / "base"), str(work / "stage1_131072"))
+    assert (s1.checkpointing, s1.max_train_steps, s1.time_limit, s1.warmup_steps) == ("attn", 60, 270, 8)
+    assert (s2.checkpointing, s2.max_train_steps, s2.time_limit, s2.warmup_steps) == ("attn-global", 40, 600, 4)
+    assert s1.rope_theta == s2.rope_theta == 2e7 and s2.parallel_mode == "data_parallel" and s2.compile
+    assert s2.kernel == "auto"  # no fa4 here: the recipe's fallback (cuDNN cannot compute window blocks)
+    summary = next(c for c in calls if c[:2] == ["-m", "easy_context.eval.compare"])
+    assert "--base-length" in summary and summary[summary.index("--target-length") + 1] == "262144"
+
+
+def test_extend_launches_n_processes_with_the_chosen_backend_and_the_control(tmp_path):
+    calls = extend_commands(tmp_path, "gemma3_256k.yaml", NPROC="8", PARALLEL_MODE="ulysses_attn", CONTROL="1",
+                            BASELINES="base")  # fmt: skip
+    stages = train_calls(calls)
+    assert [a.seq_length for _, a in stages] == [131072, 262144, 32768]
+    for prefix, args in stages:
+        assert prefix[:2] == ["-m", "easy_context.launch"] and prefix[prefix.index("--num_processes") + 1] == "8"
+        assert args.parallel_mode == "ulysses_attn"
+    control = stages[-1][1]  # the 256K stage's recipe at 32K from the base model, 8 rows a step, both stages' tokens
+    assert control.model.endswith("/base") and control.gradient_accumulate_every == 8
+    assert control.max_train_steps == (60 * 131072 + 40 * 262144) // 262144
+    zigzag = train_calls(extend_commands(tmp_path / "z", "gemma3_256k.yaml", NPROC="2", TRAIN="0", CONTROL="1"))
+    assert [(a.seq_length, a.parallel_mode) for _, a in zigzag] == [(32768, "zigzag_ring_attn")]  # TRAIN=0: control
+
+
+def test_extend_smollm2_is_the_recipe_of_one_model(tmp_path):
+    calls = extend_commands(tmp_path, "smollm2_64k.yaml", script="extend_smollm2.sh", TARGET2="131072")
+    assert ["-m", "easy_context.models.fetch", "smollm2-135m", "--dest", str(tmp_path / "work" / "base")] in calls
+    stages = train_calls(calls)
+    assert [a.seq_length for _, a in stages] == [65536, 8192, 131072]  # extended, control, the second stage
+    ext, control, second = (a for _, a in stages)
+    assert (ext.rope_theta, ext.learning_rate, ext.max_train_steps, ext.kernel) == (1e7, 1e-4, 350, "cudnn")
+    assert control.gradient_accumulate_every == 8 and control.max_train_steps == 350
+    assert second.model.endswith("/extended") and second.learning_rate == 3e-5 and second.max_train_steps == 60
+
+
+def test_gemma_1m_recipe_chains_its_stages_to_1m(tmp_path):
+    stages = train_calls(extend_commands(tmp_path, "gemma3_1m.yaml"))
+    assert [a.seq_length for _, a in stages] == [131072, 262144, 1048576]
+    assert all(b.model.endswith(f"stage{i + 1}_{a.seq_length}") for i, ((_, a), (_, b)) in
+               enumerate(zip(stages, stages[1:])))  # fmt: skip
+    assert {a.rope_theta for _, a in stages} == {2.5e8}
+
+
+def _tiny_gemma3(folder: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(**TINY_GEMMA3)
+    assert config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    assert {k: v["rope_theta"] for k, v in config.rope_parameters.items()} == {"sliding_attention": 1e4,
+                                                                              "full_attention": 1e6}  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+
+
+def test_gemma_miniature_trains_a_zigzag_then_a_ulysses_stage_on_two_processes(tmp_path):
+    """The recipe's flags (fp32 master weights, cosine schedule, chunked loss, checkpointing) on a tiny Gemma 3 with
+    the real layer pattern, launched on 2 CPU processes as extend.sh launches N: 128 tokens under zigzag ring
+    attention, then 256 under Ulysses from the first stage's model (the progressive schedule)."""
+    base = tmp_path / "base"
+    _tiny_gemma3(base)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launch = [zygote.python(), "-m", "easy_context.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+              "1", "--mixed_precision", "no", "--dynamo_backend", "no", "train.py", "--config",
+              "train_scripts/gemma3_256k.yaml", "--kernel", "cpu", "--dataset", "random:2", "--learning-rate", "1e-2",
+              "--warmup-steps", "0", "--log-every", "1", "--rope-theta", "4e6"]  # fmt: skip
+    stages = [("stage1_128", base, 128, "zigzag_ring_attn", "attn"), ("extended", tmp_path / "stage1_128", 256,
+                                                                      "ulysses_attn", "attn-global")]  # fmt: skip
+    for name, model, seq, mode, checkpointing in stages:
+        cmd = [*launch, "--model", str(model), "--output-dir", str(tmp_path / name), "--seq-length", str(seq),
+               "--parallel_mode", mode, "--checkpointing", checkpointing, "--max-train-steps", "5"]  # fmt: skip
+        res = run_job(cmd, cwd=ROOT, env=env, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        out = tmp_path / name
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["loss"] < rows[0]["loss"] - 0.05, rows
+        record = json.loads((out / "run_config.json").read_text())
+        assert record["launch"]["processes"] == 2 and record["args"]["parallel_mode"] == mode
+        config = json.loads((out / "config.json").read_text())
+        assert config["model_type"] == "gemma3_text" and config["layer_types"][5] == "full_attention"
+        thetas = {k: v["rope_theta"] for k, v in config["rope_parameters"].items()}
+        assert thetas == {"full_attention": 4e6, "sliding_attention": 1e4}  # the global layers' base raised only
+        assert any(f.suffix == ".safetensors" for f in out.iterdir())
+    (tmp_path / "eval" / "extended").mkdir(parents=True)
+    cmd = [zygote.python(), "-m", "easy_context.eval.compare", "--model", f"extended={tmp_path / 'eval' / 'extended'}",
+           "--base-length", "128", "--target-length", "256", "--train-metrics", str(tmp_path / "stage1_128"),
+           "--train-metrics", str(tmp_path / "extended"), "--output", str(tmp_path / "results")]  # fmt: skip
+    res = run_job(cmd, cwd=ROOT, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert list(summary["training_stages"]) == ["stage1_128", "extended"]
+    assert summary["training"]["steps"] == 5 and summary["training"]["tokens"] == 5 * 256
+    assert summary["training_stages"]["stage1_128"]["tokens"] == 5 * 128
+    text = (tmp_path / "results" / "summary.md").read_text()
+    assert "Training (stage1_128): 5 steps" in text and "Training (extended): 5 steps" in text
+    assert (tmp_path / "results" / "comparison.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(os.environ.get("EC_MICRO_PIPELINE") != "1", reason="minutes of CPU: EC_MICRO_PIPELINE=1 runs it")
+def test_micro_pipeline_end_to_end(tmp_path):
+    """Every stage of extend.sh on the Gemma recipe's miniature, 2 processes (zigzag): model, data, before-evals,
+    the 512-token stage, the 1024-token stage from it, after-evals, the needle beyond, summary."""
+    env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "NPROC": "2", "WORK": str(tmp_path / "w"),
+           "PY": zygote.python(), "RULER": "0"}  # fmt: skip
+    res = run_job(["bash", "train_scripts/extend.sh", "train_scripts/gemma3_256k.yaml"], cwd=ROOT, env=env,
+                  timeout=1800)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    results = tmp_path / "w" / "results"
+    stages = dict(line.split("\t")[:2] for line in (results / "stages.tsv").read_text().splitlines())
+    assert all(rc == "0" for rc in stages.values()), stages
+    assert {"stage1_512", "extended", "needle_extended", "summary"} <= set(stages)
+    summary = json.loads((results / "summary.json").read_text())
+    assert {"base", "linear", "yarn", "extended"} <= set(summary["models"])
+    assert list(summary["training_stages"]) == ["stage1_512", "extended"]
+    assert shlex.split("extend gemma3_256k: done")[0] in res.stdout

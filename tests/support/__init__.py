@@ -1,0 +1,1 @@
+"""What the tests share: tiny models, references, the gloo pool, the job runner and its warm interpreter."""

@@ -1,0 +1,1 @@
+"""Single-process tests: math, rules, tables, refusals."""
