@@ -1,6 +1,7 @@
 """Attention variants of today's decoders under every SP backend: value head dim != query/key head dim (MLA).
 
-(The tiny DeepSeek-V3 model's parity, with the other variant models, is tests/distributed/test_attention_variants2.py's.)"""
+(The tiny DeepSeek-V3 model's parity, with the other variant models, is
+tests/distributed/test_attention_variants2.py's.)"""
 
 from __future__ import annotations
 
