@@ -154,9 +154,10 @@ def _patch_post_init() -> None:
 
 
 # Model types whose own (eager/sdpa) attention in transformers builds its masks without position_ids, so packed
-# documents attend across each other on one process (gpt-oss: 1.09 relative logit error against each document alone,
-# tests/distributed/test_documents.py test_transformers_masks_documents pins the list). data_parallel routes them through
-# easy_context's attention, which masks documents as every SP backend does (and as their flash-attention path does).
+# documents attend across each other on one process (gpt-oss: 1.09 relative logit error against each document alone;
+# test_transformers_masks_documents in tests/distributed/test_documents_models.py pins the list). data_parallel routes
+# them through easy_context's attention, which masks documents as every SP backend does (and as their flash-attention
+# path does).
 OWN_MASKS_IGNORE_POSITION_IDS = frozenset({"gpt_oss", "afmoe"})
 
 

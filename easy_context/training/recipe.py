@@ -281,8 +281,8 @@ _SHELL_FROM_FLAGS = {"seq-length": "TARGET", "rope-theta": "THETA", "max-train-s
 
 def _flag_tokens(flags: dict[str, Any]) -> list[str]:
     """A mapping of train.py flags as command-line tokens, without the parser (train.py checks them when it runs;
-    tests/e2e/test_gemma_recipe.py checks the shipped ones against it): ``true`` is the bare flag, ``false`` and ``null``
-    are left out, a list is the flag and its values."""
+    tests/e2e/test_gemma_recipe.py checks the shipped ones against it): ``true`` is the bare flag, ``false`` and
+    ``null`` are left out, a list is the flag and its values."""
     tokens: list[str] = []
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")  # every flag has its dash spelling
