@@ -26,10 +26,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 from transformers import get_scheduler
 
-import easy_context as ec
 from easy_context import cli
 from easy_context.core.groups import collective_timeout, launch_error
-from easy_context.core.registry import option_values
+from easy_context.core.registry import get_seq_algo, option_values
 from easy_context.data import load_train_dataset
 from easy_context.loss import CausalLMWithLoss, resolve_loss_impl
 from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
@@ -38,6 +37,7 @@ from easy_context.models.tokenizer import load_tokenizer
 from easy_context.sp_config import SPConfig, resolve_sp_config
 from easy_context.training import flags, fp8, recipe
 from easy_context.training.compile import compile_regions
+from easy_context.training.dataloader import prepare_dataloader
 from easy_context.training.deepspeed_precision import deepspeed_precision_error
 from easy_context.training.flags import TRACKERS, check_tracker  # noqa: F401  (tests import them from here)
 from easy_context.training.guard import RunGuard, exit_on
@@ -245,7 +245,7 @@ def sp_config(args) -> SPConfig:
 def backend_options(args) -> dict:
     """The options the chosen backend takes (``SeqAlgo.options``), from the flags of the same names."""
     try:
-        return ec.get_seq_algo(args.parallel_mode).options_from(option_values(args))
+        return get_seq_algo(args.parallel_mode).options_from(option_values(args))
     except ValueError as exc:
         sys.exit(f"error: --{exc}")
 
@@ -314,7 +314,7 @@ def build_loader(args, tokenizer, vocab_size: int, accelerator) -> tuple[EpochSh
                                      show_progress=accelerator.is_local_main_process,
                                      vocab_size=vocab_size)  # fmt: skip
     sampler = EpochShuffleSampler(len(dataset), args.seed)
-    loader = ec.prepare_dataloader(args.parallel_mode, DataLoader(dataset, args.batch_size, sampler=sampler),
+    loader = prepare_dataloader(args.parallel_mode, DataLoader(dataset, args.batch_size, sampler=sampler),
                                    accelerator, sp_size=args.sp_size, put_on_device=False)  # fmt: skip
     return sampler, loader
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from easy_context.core.documents import Documents, block_cost, split_blocks
+from easy_context.core.registry import get_seq_algo
 from easy_context.core.ring_schedule import Tasks
 from easy_context.core.seq_algo import REGISTERED, SeqAlgo
 from easy_context.core.spans import pieces
@@ -28,27 +29,18 @@ from easy_context.core.spans import pieces
 # ------------------------------------------------------------------------------------------------ the schedules
 
 
-def _algo(seq_algo: SeqAlgo | str) -> SeqAlgo:
-    """The backend object (a registered name is looked up; unknown names raise)."""
-    if isinstance(seq_algo, str):
-        from easy_context.core.registry import get_seq_algo
-
-        return get_seq_algo(seq_algo)
-    return seq_algo
-
-
 def ring_world(seq_algo: SeqAlgo | str, world_size: int, **options) -> int | None:
     """The number of ranks whose lockstep ring a document order can balance for ``seq_algo`` on ``world_size`` SP
     ranks (its :class:`~easy_context.core.ring_schedule.RingSchedule`), or None when no order changes the per-rank
     work: backends without a lockstep ring (every rank attends the whole sequence, or no schedule is known)."""
-    schedule = _algo(seq_algo).ring_schedule
+    schedule = get_seq_algo(seq_algo).ring_schedule
     return None if schedule is None else schedule.ring_size(world_size, **options)
 
 
 def schedule_tasks(seq_algo: SeqAlgo | str, world: int, seq_length: int, causal: bool = True) -> Tasks:
     """``tasks[step][rank]``: what rank ``rank`` computes at ring step ``step`` of ``seq_algo``'s forward on a ring of
     ``world`` ranks over ``seq_length`` global rows (the backward computes the same blocks)."""
-    algo = _algo(seq_algo)
+    algo = get_seq_algo(seq_algo)
     if algo.ring_schedule is None:
         balanced = ", ".join(a.name for a in REGISTERED.values() if a.ring_schedule is not None)
         raise ValueError(f"no lockstep schedule for {algo.name!r}; balanced backends: {balanced}")
@@ -208,7 +200,7 @@ def _terms(tasks: Tasks) -> list[list[tuple]]:
 def lockstep_model(seq_algo: SeqAlgo | str, world: int, seq_length: int, causal: bool = True) -> LockstepModel:
     """The :class:`LockstepModel` of ``seq_algo``'s schedule (:func:`schedule_tasks`) on a ring of ``world`` ranks
     over ``seq_length`` rows (cached per schedule: backends that run the same ring share one)."""
-    algo = _algo(seq_algo)
+    algo = get_seq_algo(seq_algo)
     if algo.ring_schedule is None:
         schedule_tasks(algo, world, seq_length, causal)  # raises, naming the backends that have one
     return _lockstep_model(algo.ring_schedule.tasks, world, seq_length, causal)

@@ -32,8 +32,11 @@ def register_seq_algo(algo: SeqAlgo) -> None:
 SEQ_ALGOS: tuple[str, ...] = ()  # filled by easy_context.backends (the built-ins) and later registrations
 
 
-def get_seq_algo(seq_algo: str) -> SeqAlgo:
-    """The registered backend of that name (``ValueError`` listing the names otherwise)."""
+def get_seq_algo(seq_algo: SeqAlgo | str) -> SeqAlgo:
+    """The registered backend of that name (``ValueError`` listing the names otherwise); a backend object is
+    returned as it is (callers that hold one pass it on instead of its name)."""
+    if isinstance(seq_algo, SeqAlgo):
+        return seq_algo
     if seq_algo not in _ALGOS:
         raise ValueError(f"unknown sequence-parallel mode {seq_algo!r}; choose one of {tuple(_ALGOS)}")
     return _ALGOS[seq_algo]

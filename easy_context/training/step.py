@@ -31,7 +31,7 @@ def host_batch(batch, sp: SPConfig, balance: bool) -> tuple[torch.Tensor, torch.
     get even work (:func:`~easy_context.core.document_order.balance_documents`: every rank computes the same order)."""
     parts = split_batch(batch)
     if balance and parts[1] is not None:
-        parts = balance_documents(*parts, sp.backend, sp.sp_size, **sp.options)
+        parts = balance_documents(*parts, sp.algo, sp.sp_size, **sp.options)
     return parts
 
 

@@ -277,3 +277,15 @@ def test_balanced_batch_under_sequence_parallelism(dist_pool, algo, world):
         assert moved, "the balanced batch must differ from the original"
         worst = max(errs, key=errs.get)
         assert errs["count"] == 0 and errs[worst] < 2e-5, f"rank {rank}: {worst} {errs[worst]:.2e}"
+
+
+def test_the_backend_object_and_its_name_give_one_order():
+    """Callers that hold the backend (``SPConfig.algo``) pass it, not its name: the same order, and no lookup."""
+    from easy_context.core.registry import get_seq_algo
+
+    lengths = [3, 17, 5, 29, 8, 10]  # 72 tokens: a multiple of every backend's length on these worlds
+    for name, world in (("zigzag_ring_attn", 4), ("dist_flash_attn", 3), ("usp_attn", 4), ("ulysses_attn", 4)):
+        algo = get_seq_algo(name)
+        assert get_seq_algo(algo) is algo
+        assert do.balance_order(lengths, algo, world) == do.balance_order(lengths, name, world)
+        assert do.ring_world(algo, world) == do.ring_world(name, world)

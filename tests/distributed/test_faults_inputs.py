@@ -1,4 +1,4 @@
-"""Bad attention inputs refused up front with the fix (issue 19 items 5, 6): an empty sequence or shard names the
+"""Bad attention inputs refused up front with the fix: an empty sequence or shard names the
 length the backend needs; q/k/v of mixed dtypes (bf16 autocast over fp32 weights) meet in one compute dtype under
 every backend, with each gradient in its input's dtype. 2 gloo ranks (the shared pool), every call under its
 timeout."""
@@ -111,6 +111,6 @@ def train_flag_worker(rank, world, flags):
     ],
 )  # fmt: skip
 def test_train_sp_flag_errors_are_one_line_naming_the_flag(dist_pool, flags, message):
-    """issue 19 item 9: --ring_degree with zigzag was silently ignored; --ring_degree / --sp-size errors were
-    tracebacks (and a bad --ring_degree was then blamed on --sp-size None). Every rank exits with the same line."""
+    """--ring_degree with zigzag is refused, not ignored; a bad --ring_degree / --sp-size is one line naming that
+    flag (not a traceback, not blamed on --sp-size None). Every rank exits with the same line."""
     assert dist_pool(WORLD).run(train_flag_worker, flags) == [message] * WORLD

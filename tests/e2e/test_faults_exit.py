@@ -1,4 +1,4 @@
-"""A run that ends must exit (issue 19 item 1): a 2-process run whose last act was writing a state (then
+"""A run that ends must exit: a 2-process run whose last act was writing a state (then
 ``--no-save``) hung at exit. accelerate's ``end_training()`` destroyed the world group while the DDP model held it;
 freeing it when ``main()`` returned ran gloo's group destructor with the GIL held, while gloo's worker thread,
 freeing the last all-gather, waited for the GIL (gdb). Holding the all-gather's tensors made it rarer (1 hang in 21

@@ -1,4 +1,4 @@
-"""Collective timeouts (issue 19 items 1, 6): the groups easy_context makes keep the job's timeout, and a rank
+"""Collective timeouts: the groups easy_context makes keep the job's timeout, and a rank
 whose ring backward raised (but lives on) leaves its peer blocked only for that timeout, not forever.
 
 torch gives every ``new_group`` a 30-minute default whatever the world's timeout is: an SP or DP subgroup waited

@@ -1,4 +1,4 @@
-"""The step watchdog (issue 19 item 1): a stuck rank or a killed launcher ends a 2-process job within a bound.
+"""The step watchdog: a stuck rank or a killed launcher ends a 2-process job within a bound.
 
 Before it, a SIGSTOPped rank held the job for the collective timeout (30 minutes) and a launcher killed with
 SIGKILL left its ranks running as orphans. Every job here runs under the real launcher (torchrun) with gloo, and

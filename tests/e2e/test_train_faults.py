@@ -1,4 +1,4 @@
-"""train.py under faults (issue 19): a run with nothing to train, a resume after a kill or on another layout, a full
+"""train.py under faults: a run with nothing to train, a resume after a kill or on another layout, a full
 disk, damaged states, a stuck rank, a killed launcher (non-finite steps: tests/e2e/test_faults_nonfinite.py). Real runs
 on CPU through tests.e2e.test_train's launcher, each under its timeout."""
 
@@ -257,7 +257,7 @@ def logged_rows(prefix: Path, rank: int) -> list[list[int]]:
 
 
 def test_resume_on_fewer_processes_continues_from_the_same_sample(data_dir, tmp_path, monkeypatch):
-    """A data_parallel run on 2 processes resumed on 1 (issue 19 item 3; it re-trained rows of steps 1-4): the state
+    """A data_parallel run on 2 processes resumed on 1 (it re-trained rows of steps 1-4): the state
     records the layout, the position in global samples, the tokens and the run's config; the resumed run trains the
     next global samples (16 read = 8 micro-batches of 2 rows on one process, not the 4 per process that were saved)
     and the tokens metric continues from the 4,096 tokens the state recorded."""
@@ -304,7 +304,7 @@ def test_resume_under_another_backend_continues_from_the_same_sample(data_dir, t
 
 
 def test_interrupted_saves_are_cleared_on_start(tmp_path):
-    """What a kill mid-save leaves (issue 19 item 8): a temp dir is removed; a state moved aside to ``.NAME.old``
+    """What a kill mid-save leaves: a temp dir is removed; a state moved aside to ``.NAME.old``
     while its successor was renamed in is restored when NAME is missing, removed when NAME is there."""
     from easy_context.training.train_state import remove_stale_temp
 
@@ -357,11 +357,11 @@ if os.environ.get("RANK") == "1":
 
 
 def test_stuck_rank_ends_the_training_job_within_the_bound(data_dir, tmp_path, monkeypatch):
-    """train.py on 2 processes under ``accelerate launch`` (issue 19 item 1: a SIGSTOPped rank held the job with no
+    """train.py on 2 processes under ``accelerate launch`` (a SIGSTOPped rank held the job with no
     bound): rank 1 stops making progress after step 3; its watchdog (--step-timeout 8) ends it with one line naming
     the rank and the step, the launcher stops rank 0, and the job exits within the bound. Left on disk: the state of
     step 2, complete, no temp dir, no final model. The run is 2-rank zigzag under bf16 autocast with fp32 weights
-    (issue 19 item 5: it crashed at the first attention call): steps 1-3 train, finite, the weights stay fp32."""
+    (it crashed at the first attention call): steps 1-3 train, finite, the weights stay fp32."""
     from easy_context.training.train_state import check_training_state
 
     out = tmp_path / "run"
@@ -402,7 +402,7 @@ def launch_command(data_dir, out, monkeypatch, *args, **kwargs) -> dict:
 
 
 def test_killed_launcher_leaves_no_training_orphans(data_dir, tmp_path, monkeypatch):
-    """kill -9 of ``accelerate launch`` while train.py trains on 2 processes (issue 19 item 1: both ranks trained on
+    """kill -9 of ``accelerate launch`` while train.py trains on 2 processes (both ranks trained on
     as orphans): each rank's watchdog sees its launcher gone and ends the rank within seconds, one line each; no
     temp dir or final model is left."""
     out = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""Resume that cannot lie (issue 19 item 3): a state records how the run read its data and where it stood in global
+"""Resume that cannot lie: a state records how the run read its data and where it stood in global
 samples; a resume on another number of processes or batch size continues at the same global sample (never training
 one twice), a changed seq length, seed, dataset or model is refused naming the flag.
 
@@ -168,7 +168,7 @@ def test_model_fingerprint_names_architecture_and_rope_base():
 
 
 def test_a_state_is_fsynced_before_it_gets_its_name(tmp_path, monkeypatch):
-    """Atomic saves (issue 19 item 8): every file of the state and its temp dir are fsynced before the temp dir is
+    """Atomic saves: every file of the state and its temp dir are fsynced before the temp dir is
     renamed to ``state-stepK``, the output dir after (a crash leaves either no state-stepK or a complete one)."""
     import os
 
