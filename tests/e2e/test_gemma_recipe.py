@@ -151,6 +151,24 @@ def test_extend_runs_the_gemma_recipe_on_one_gpu(tmp_path):
     assert "--base-length" in summary and summary[summary.index("--target-length") + 1] == "262144"
 
 
+def evaluations(calls: list[list[str]]) -> list[list[str]]:
+    return [c for c in calls if c[:1] in (["eval_needle.py"], ["eval_ppl.py"], ["eval_ruler.py"])]
+
+
+def test_evaluations_attend_through_the_training_kernel(tmp_path):
+    """Every evaluation names the kernel the training used: a named kernel routes even one process through
+    easy_context's attention, so the model's own (length x length) masks, which for Gemma's sliding-window layers do
+    not fit past ~100K tokens (an H200 run ran out of memory so), are never built."""
+    for kernel in ("fa4", "cudnn"):
+        calls = extend_commands(tmp_path / kernel, "gemma3_256k.yaml", KERNEL=kernel, RULER="1")
+        evals = evaluations(calls)
+        assert {c[0] for c in evals} == {"eval_needle.py", "eval_ppl.py", "eval_ruler.py"}
+        assert all(c[c.index("--kernel") + 1] == kernel for c in evals), [c for c in evals if "--kernel" not in c]
+        assert {a.kernel for _, a in train_calls(calls)} == {kernel}
+    calls = extend_commands(tmp_path / "own", "gemma3_256k.yaml", KERNEL="fa4", EVAL_KERNEL="auto")
+    assert all(c[c.index("--kernel") + 1] == "auto" for c in evaluations(calls))  # on request: the model's own
+
+
 def test_extend_launches_n_processes_with_the_chosen_backend_and_the_control(tmp_path):
     calls = extend_commands(tmp_path, "gemma3_256k.yaml", NPROC="8", PARALLEL_MODE="ulysses_attn", CONTROL="1",
                             BASELINES="base")  # fmt: skip
