@@ -1,6 +1,6 @@
 """Model zoo: every decoder-only causal-LM family of the installed transformers, tiny, under easy_context.
 
-    PYTHONPATH=. python bench/model_zoo.py [--families llama,phi3,...] [--json docs/results/model_zoo.json]
+    PYTHONPATH=. python bench/model_zoo.py [--families llama,phi3,...] [--json results/cpu/model_zoo.json]
 
 For each family a tiny random model (hidden 64, 2 layers, 4 query / 2 K/V heads of 16 where the family allows, vocab
 128, fp32, eager attention; windows of 5 tokens where the family has sliding windows) is compared with the
@@ -316,7 +316,7 @@ def markdown(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="", help="comma-separated families (default: all)")
-    parser.add_argument("--json", default="docs/results/model_zoo.json")
+    parser.add_argument("--json", default="results/cpu/model_zoo.json")
     parser.add_argument("--markdown", default="", help="also write the table (docs/models.md includes it) here")
     parser.add_argument("--world", type=int, default=2)
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""EasyContext's module paths, served from the new tree.
+"""EasyContext's module paths (and this project's user-facing ones that moved), served from the new tree.
 
 EasyContext's scripts import ``easy_context.zigzag_ring_attn.prepare_inputs``, ``easy_context.usp.monkey_patch``, ...
 The backends now live in :mod:`easy_context.backends`; an import finder answers the old paths (and the backend
@@ -27,8 +27,12 @@ PACKAGES = {
 }
 # old module -> its module in the new tree (None: the old path only ever held EasyContext's names)
 MODULES = {"prepare_inputs": "prepare_inputs", "prepare_input": "prepare_inputs", "monkey_patch": None}
-# other single modules that moved: old path -> new path
-MOVED = {"easy_context.hf.trainer": "easy_context.training.trainer"}
+# user-facing modules of this project that moved: old path -> new path (imports, and ``python -m OLD``)
+MOVED = {
+    "easy_context.hf.trainer": "easy_context.training.trainer",
+    "easy_context.fetch": "easy_context.models.fetch",
+    "easy_context.fetch_smollm2": "easy_context.models.fetch_smollm2",
+}
 # (backend, old module) -> EasyContext's names that the old module holds
 NAMES = {
     ("zigzag_ring_attn", "prepare_inputs"): ("prepare_zigzag_ring_attn_inputs",),
@@ -77,6 +81,12 @@ class _OldPathLoader(importlib.abc.Loader):
             module.__doc__ = new.__doc__
         module.__dict__.update({name: getattr(legacy_names, name) for name in self.names})
         module.__all__ = sorted(k for k in vars(module) if not k.startswith("_"))
+
+    def get_code(self, fullname: str):
+        """``python -m OLD.PATH`` runs the new module's code (runpy asks the loader for it)."""
+        if self.target is None:
+            return None
+        return importlib.util.find_spec(self.target).loader.get_code(self.target)
 
 
 class OldPathFinder(importlib.abc.MetaPathFinder):
