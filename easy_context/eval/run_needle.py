@@ -97,7 +97,7 @@ def main(argv=None) -> None:
         text = read_haystack_text(args.haystack_dir)
         runtime = init_runtime(args.parallel_mode, args.kernel, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
-        model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args)
+        model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args, max_length=lengths[-1])
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     haystack = Haystack.from_text(text, tokenizer)

@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     rows = []
     for name in args.model:
         try:
-            model = load_eval_model_from_args(name, runtime, len(tokenizer), args)
+            model = load_eval_model_from_args(name, runtime, len(tokenizer), args, max_length=lengths[-1])
         except (OSError, RuntimeError, ValueError) as exc:
             # keep what was scored (hub ids cannot be checked up front without loading them)
             kept = ""

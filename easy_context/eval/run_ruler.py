@@ -354,7 +354,7 @@ def main(argv=None) -> None:
         runtime = init_runtime(args.parallel_mode, args.kernel, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
         wrap, bos, template = prompt_wrapper(tokenizer, args.template)
-        model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args)
+        model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args, max_length=max(args.lengths))
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)

@@ -225,11 +225,43 @@ def add_runtime_args(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="needle numbers; weights of preset (random-init) models")
 
 
-def load_eval_model_from_args(name: str, runtime: EvalRuntime, vocab_size: int, args):
+def load_eval_model_from_args(name: str, runtime: EvalRuntime, vocab_size: int, args, max_length: int | None = None):
     """:func:`load_eval_model` with the options :func:`add_runtime_args` defines (dtype, rope_theta, seed; the kernel
-    is the runtime's)."""
+    is the runtime's). ``max_length``: the longest sequence the evaluation will run, refused up front
+    (:func:`own_mask_error`) when the model's own attention cannot hold its mask."""
     from easy_context.models import parse_rope_scaling
 
     dtype = resolve_dtype(args.dtype, runtime.device)
     scaling = parse_rope_scaling(args.rope_scaling) if getattr(args, "rope_scaling", None) else None
-    return load_eval_model(name, runtime, vocab_size, dtype, args.rope_theta, args.seed, rope_scaling=scaling)
+    model = load_eval_model(name, runtime, vocab_size, dtype, args.rope_theta, args.seed, rope_scaling=scaling)
+    error = None if max_length is None else own_mask_error(model.config, runtime, max_length)
+    if error:
+        raise ValueError(error)
+    return model
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """What the device can still allocate: CUDA's free memory, or the host's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def own_mask_error(config, runtime: EvalRuntime, length: int, free_bytes: int | None = None) -> str | None:
+    """Why ``length`` tokens cannot run through the model's own attention, or None. A model with sliding-window (or
+    chunked) layers that attends with its own attention (data parallel with ``--kernel auto``) makes transformers
+    build a (length x length) boolean mask for those layers; past about half the free memory it cannot, and the run
+    would end in an out-of-memory error deep inside transformers. A named kernel routes the model through
+    easy_context's attention, which cuts windows per block and builds no mask."""
+    from easy_context.models import layer_windows
+
+    if runtime.distributed or runtime.sp.kernel != "auto" or all(w is None for _, w in layer_windows(config)):
+        return None
+    need = length * length
+    free = free_memory_bytes(runtime.device) if free_bytes is None else free_bytes
+    if need <= free // 2:
+        return None
+    fix = "fa4 or flex on a GPU" if runtime.device.type == "cuda" else "cpu"
+    return (f"{length} tokens through the model's own attention: its sliding-window layers need a {length} x "
+            f"{length} mask ({need / 2**30:.1f} GiB; {free / 2**30:.1f} GiB free): pass --kernel ({fix}) to attend "
+            "through easy_context's kernels, which build no mask")  # fmt: skip
