@@ -22,18 +22,9 @@ from easy_context.core.inputs import pad_seq_parallel_inputs, prepare_seq_parall
 from easy_context.core.padding import pad_to_multiple
 from easy_context.core.registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
 from easy_context.kernels import KERNEL_NAMES, get_kernel
+from easy_context.legacy import names as _legacy_names
 from easy_context.legacy import paths as _legacy_paths
-from easy_context.legacy.names import (  # EasyContext's per-backend names
-    apply_dist_flash_attn_monkey_patch_llama,
-    apply_ulysses_attn_monkey_patch_llama,
-    apply_usp_attn_monkey_patch_llama,
-    apply_zigzag_ring_attn_monkey_patch_llama,
-    apply_zigzag_ring_attn_monkey_patch_mistral,
-    prepare_dist_flash_attn_inputs,
-    prepare_ulysses_attn_inputs,
-    prepare_usp_attn_inputs,
-    prepare_zigzag_ring_attn_inputs,
-)
+from easy_context.legacy.names import *  # noqa: F403  (EasyContext's per-backend names: its __all__)
 from easy_context.training.dataloader import prepare_dataloader
 from easy_context.training.fp8 import quiet_torchao_import
 
@@ -82,7 +73,7 @@ __all__ = [
     "pad_seq_parallel_inputs",
     "prepare_dataloader",
     "prepare_seq_parallel_inputs",
-    "SEQ_ALGOS",
+    "SEQ_ALGOS",  # noqa: F405  (served by __getattr__: a live view)
     "extract_local",
     "find_documents",
     "get_attn_func",
@@ -95,14 +86,5 @@ __all__ = [
     "register_seq_algo",
     "reset_groups",
     "seq_multiple",
-    # EasyContext's per-backend names (easy_context.legacy.names)
-    "apply_dist_flash_attn_monkey_patch_llama",
-    "apply_ulysses_attn_monkey_patch_llama",
-    "apply_usp_attn_monkey_patch_llama",
-    "apply_zigzag_ring_attn_monkey_patch_llama",
-    "apply_zigzag_ring_attn_monkey_patch_mistral",
-    "prepare_dist_flash_attn_inputs",
-    "prepare_ulysses_attn_inputs",
-    "prepare_usp_attn_inputs",
-    "prepare_zigzag_ring_attn_inputs",
+    *_legacy_names.__all__,  # EasyContext's per-backend names
 ]
