@@ -289,3 +289,12 @@ def test_the_backend_object_and_its_name_give_one_order():
         assert get_seq_algo(algo) is algo
         assert do.balance_order(lengths, algo, world) == do.balance_order(lengths, name, world)
         assert do.ring_world(algo, world) == do.ring_world(name, world)
+
+
+def test_a_backend_without_a_lockstep_ring_has_no_schedule_to_count():
+    """Asking for the schedule of a backend that declares no RingSchedule names the backends that have one."""
+    for name in ("ulysses_attn", "data_parallel"):
+        with pytest.raises(ValueError) as e:
+            do.schedule_work(name, 4, 64, None)
+        assert str(e.value) == (f"no lockstep schedule for {name!r}; balanced backends: zigzag_ring_attn, "
+                                "dist_flash_attn, usp_attn")  # fmt: skip
