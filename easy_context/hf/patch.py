@@ -7,7 +7,10 @@ that type built afterwards are switched at the end of their construction (``PreT
 
 A forward pre-hook on the model guards what the attention function cannot see: a padding
 ``attention_mask`` (transformers drops masks for custom attention names), missing ``position_ids``
-(each rank must pass the global positions of its shard) and KV caches (off for SP). An all-ones mask is dropped,
+(each rank must pass the global positions of its shard), ``labels=`` on a shard (transformers' loss would shift
+each shard on its own: ``shift_labels=`` with the shard of the globally shifted targets is the way, and
+``num_items_in_batch=`` the global count of targets makes each rank's loss its share of the token mean) and KV caches
+(off for SP). An all-ones mask is dropped,
 except next to packed documents: transformers masks documents only without an ``attention_mask`` (with one it
 attends across them), so that combination is refused rather than guessed.
 
@@ -55,6 +58,11 @@ def attention_name(seq_algo: str, **options: Any) -> str:
     return name
 
 
+def _sp_world() -> int:
+    """Ranks sharing each sequence (1 without a process group)."""
+    return torch.distributed.get_world_size(get_sp_group()) if torch.distributed.is_initialized() else 1
+
+
 def _guard_inputs(seq_algo: str, options: dict[str, Any]):
     sharded = get_seq_algo(seq_algo).distributed
     layout_opts = {k: v for k, v in options.items() if k != "kernel"}
@@ -76,6 +84,16 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
                 f"{seq_algo}: an attention_mask was passed with position_ids that restart (packed documents); "
                 "transformers masks documents only without an attention_mask (with one it attends across them): "
                 "drop attention_mask to train with document masking, or pass contiguous position_ids"
+            )
+        labels = kwargs.get("labels", positional.get("labels"))
+        if labels is not None and kwargs.get("shift_labels") is None and sharded and _sp_world() > 1:
+            raise ValueError(
+                f"{seq_algo}: labels= on a sequence shard makes transformers shift each rank's shard on its own (wrong "
+                "targets where shards meet, the last ones lost); pass shift_labels= this rank's shard of the globally "
+                "shifted targets: local_target_ids of easy_context.prepare_seq_parallel_inputs(seq_algo, input_ids, "
+                "position_ids, easy_context.shift_targets(labels), rank, world_size, device) (keep labels= too: "
+                "transformers computes a loss only when given labels, then reads shift_labels alone), with "
+                "num_items_in_batch= the global count of targets != -100, then all_reduce the losses (a sum)"
             )
         if "attention_mask" in positional:
             args = tuple(None if name == "attention_mask" else a for name, a in zip(names, args))
