@@ -5,14 +5,15 @@ sets it on the model (``model.set_attn_implementation``); no model code is copie
 EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
 that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``).
 
-A forward pre-hook on the model guards what the attention function cannot see: a padding
-``attention_mask`` (transformers drops masks for custom attention names), missing ``position_ids``
-(each rank must pass the global positions of its shard), ``labels=`` on a shard (transformers' loss would shift
-each shard on its own: ``shift_labels=`` with the shard of the globally shifted targets is the way, and
-``num_items_in_batch=`` the global count of targets makes each rank's loss its share of the token mean) and KV caches
-(off for SP). An all-ones mask is dropped,
-except next to packed documents: transformers masks documents only without an ``attention_mask`` (with one it
-attends across them), so that combination is refused rather than guessed.
+A model whose config asks for attention weights (``output_attentions``) is refused when switched and at every forward
+(transformers does not pass the config's flag to the attention function). A forward pre-hook on the model guards what
+the attention function cannot see: a padding ``attention_mask`` (transformers drops masks for custom attention
+names), missing ``position_ids`` (each rank must pass the global positions of its shard), ``labels=`` on a shard
+(transformers' loss would shift each shard on its own: ``shift_labels=`` with the shard of the globally shifted
+targets is the way, and ``num_items_in_batch=`` the global count of targets makes each rank's loss its share of the
+token mean) and KV caches (off for SP). An all-ones mask is dropped, except next to packed documents: transformers
+masks documents only without an ``attention_mask`` (with one it attends across them), so that combination is refused
+rather than guessed.
 
 Models the attention cannot serve are refused when patched (:mod:`easy_context.hf.support`: recurrent / convolution /
 sparse layer kinds, attention outside ``AttentionInterface``) or at the first forward that never reaches it; RoPE
@@ -36,6 +37,7 @@ from easy_context.hf.attention import attention_calls, make_hf_attention
 from easy_context.hf.kv_cache import active_cache
 from easy_context.hf.support import (
     attention_not_called,
+    check_attention_outputs,
     check_model_supported,
     check_switched,
     decoder_of,
@@ -70,6 +72,7 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         names = list(inspect.signature(module.forward).parameters)[: len(args)]
         positional = dict(zip(names, args))
+        check_attention_outputs(module, seq_algo, {**positional, **kwargs})
         mask = kwargs.get("attention_mask", positional.get("attention_mask"))
         if mask is not None and not bool(torch.all(mask == 1)):
             raise ValueError(
@@ -137,6 +140,7 @@ def _check_called(seq_algo: str):
 def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
     sharded = get_seq_algo(seq_algo).distributed
     check_model_supported(model, seq_algo, sharded)
+    check_attention_outputs(model, seq_algo)
     name = attention_name(seq_algo, **options)
     model.set_attn_implementation(name)
     check_switched(model, seq_algo, name)

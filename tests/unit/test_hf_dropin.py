@@ -39,3 +39,26 @@ def test_loss_keywords_reach_attention_and_are_ignored(model_type):
     loss = model(ids, labels=labels, shift_labels=targets, num_items_in_batch=(targets != -100).sum(),
                  ignore_index=-100).loss  # fmt: skip
     torch.testing.assert_close(loss, reference, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
+def test_output_attentions_on_the_config_is_refused(model_type):
+    """transformers does not pass the config's output_attentions to the attention function (it would return
+    ``attentions=()`` silently): refused when switched, and at a forward when set afterwards past transformers' own
+    setter; the forward's own keyword decides when given."""
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(NotImplementedError, match=r"config.output_attentions = True .* attention weights"):
+        ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model(model_type, output_attentions=True), always=True)
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", tiny_model(model_type, output_attentions=True))
+    model = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model(model_type), always=True)
+    with pytest.raises(ValueError, match="output_attentions"):  # transformers' own setter refuses it after a switch
+        model.config.output_attentions = True
+    model.config._output_attentions = True  # past the setter (as a config edited by hand or loaded around it)
+    with pytest.raises(NotImplementedError, match=r"config.output_attentions = True"):
+        model(ids)
+    reference = tiny_model(model_type)(ids).logits
+    torch.testing.assert_close(model(ids, output_attentions=False).logits, reference, rtol=1e-5, atol=1e-6)
+    model.config._output_attentions = False
+    with pytest.raises(NotImplementedError, match="output_attentions=True passed to forward"):
+        model(ids, output_attentions=True)
