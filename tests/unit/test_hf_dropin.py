@@ -62,3 +62,40 @@ def test_output_attentions_on_the_config_is_refused(model_type):
     model.config._output_attentions = False
     with pytest.raises(NotImplementedError, match="output_attentions=True passed to forward"):
         model(ids, output_attentions=True)
+
+
+def _left_padded(rows: int = 3, width: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a left-padded batch as a tokenizer makes it for generate(): pad id 0."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 128, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    for row, pads in enumerate([4, 2, 0, 7][:rows]):
+        mask[row, :pads] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "qwen2", "gpt_oss"])
+@pytest.mark.parametrize("how", ["data_parallel", "named_kernel"])
+def test_generate_matches_transformers(model_type, how):
+    """Greedy generate() of one prompt and of a left-padded batch on a switched model gives transformers' tokens.
+    Which path: every forward that carries transformers' KV cache (prefill and decode steps alike) runs the model's
+    own attention, so easy_context's attention is never called (counted) and the model is switched back after."""
+    from easy_context.hf.attention import attention_calls
+
+    reference = tiny_model(model_type)
+    kernel = {"kernel": "math"} if how == "named_kernel" else {}
+    model = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model(model_type), **kernel)
+    switched = model.config._attn_implementation
+    assert switched.startswith("easy_context_") == (how == "named_kernel" or model_type == "gpt_oss")
+    prompt = torch.randint(1, 128, (1, 13), generator=torch.Generator().manual_seed(0))
+    ids, mask = _left_padded()
+    calls = attention_calls()
+    for inputs in ({"input_ids": prompt}, {"input_ids": ids, "attention_mask": mask}):
+        want = reference.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        got = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert torch.equal(got, want), (inputs.keys(), got, want)
+    assert attention_calls() == calls
+    assert model.config._attn_implementation == switched
+    if switched.startswith("easy_context_"):  # a forward without a cache is ours again
+        model(prompt)
+        assert attention_calls() > calls
