@@ -11,13 +11,14 @@ group of one) a forward that carries transformers' KV cache (``generate()``: pre
 ``attention_mask`` runs the model's own attention for that forward: transformers builds masks and caches only for its
 own implementations, and gives its own numbers (with a padding mask its rules apply: position ids that restart do not
 mask documents). Under SP a forward pre-hook guards what the attention function cannot see: a padding
-``attention_mask`` (transformers drops masks for custom attention names), missing ``position_ids`` (each rank must
-pass the global positions of its shard), ``labels=`` on a shard (transformers' loss would shift each shard on its
-own: ``shift_labels=`` with the shard of the globally shifted targets is the way, and ``num_items_in_batch=`` the
-global count of targets makes each rank's loss its share of the token mean) and KV caches (refused, naming
-``easy_context.eval.forward.greedy_generate``). An all-ones mask is dropped, except next to packed documents:
-transformers masks documents only without an ``attention_mask`` (with one it attends across them), so that
-combination is refused rather than guessed.
+``attention_mask`` (transformers drops masks for custom attention names) becomes documents when it pads on the left
+or the right (:func:`_padding_as_documents`, exact) and is refused with zeros between real tokens; missing
+``position_ids`` (each rank must pass the global positions of its shard), ``labels=`` on a shard (transformers' loss
+would shift each shard on its own: ``shift_labels=`` with the shard of the globally shifted targets is the way, and
+``num_items_in_batch=`` the global count of targets makes each rank's loss its share of the token mean) and KV
+caches (refused, naming ``easy_context.eval.forward.greedy_generate``). An all-ones mask is dropped, except next to
+packed documents: transformers masks documents only without an ``attention_mask`` (with one it attends across them),
+so that combination is refused rather than guessed.
 
 Models the attention cannot serve are refused when patched (:mod:`easy_context.hf.support`: recurrent / convolution /
 sparse layer kinds, attention outside ``AttentionInterface``) or at the first forward that never reaches it; RoPE
@@ -74,6 +75,46 @@ def _padded(mask: torch.Tensor | None) -> bool:
     return mask is not None and not bool(torch.all(mask == 1))
 
 
+def _padding_as_documents(seq_algo: str, algo, mask: torch.Tensor, position_ids: torch.Tensor,
+                          options: dict[str, Any]) -> torch.Tensor:  # fmt: skip
+    """This rank's ``position_ids`` (batch, seq_local) with a padding ``attention_mask`` shard (batch, seq_local)
+    turned into documents: every pad token gets its row's first real position, so each pad is a document of its own
+    (a restart at the row's smallest position) and the real tokens one document that never attends to a pad. With the
+    real tokens' positions unchanged that is transformers' masked attention at every real token, for left padding
+    (``generate()``'s: positions restarting at the first real token, or counting from the row's start) and right
+    padding. ``ValueError`` for zeros between real tokens, real tokens whose positions restart (packed documents, which
+    transformers does not mask next to an attention_mask), or a mask not sharded like the inputs."""
+    from easy_context.core.documents import gather_position_ids
+
+    if mask.dim() != 2 or mask.shape != position_ids.shape:
+        raise ValueError(
+            f"{seq_algo}: under sequence parallelism the attention_mask must be this rank's (batch, seq_local) shard "
+            f"of the 2-D padding mask, like position_ids {tuple(position_ids.shape)}, got {tuple(mask.shape)}: pass "
+            "local_attention_mask of prepare_seq_parallel_inputs(..., attention_mask=mask)"
+        )
+    full_mask = gather_position_ids(algo, mask.long(), None, **options) != 0
+    full_pos = gather_position_ids(algo, position_ids, None, **options)
+    first = full_mask.int().argmax(dim=1, keepdim=True)  # (batch, 1) the first real token (0 for an all-pad row)
+    index = torch.arange(full_mask.shape[1], device=full_mask.device)[None]
+    run = (index >= first) & (index < first + full_mask.sum(dim=1, keepdim=True))
+    if not torch.equal(run, full_mask):
+        row = int((run != full_mask).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"{seq_algo}: the attention_mask has zeros between real tokens (row {row}); under sequence parallelism "
+            "only left and right padding are supported: pack such rows as documents instead (position_ids "
+            "restarting at 0 at each, no attention_mask)"
+        )
+    inside = full_mask[:, 1:] & full_mask[:, :-1]
+    if bool((inside & (full_pos[:, 1:] - full_pos[:, :-1] != 1)).any()):
+        raise ValueError(
+            f"{seq_algo}: an attention_mask was passed with position_ids that restart among the real tokens (packed "
+            "documents); transformers masks documents only without an attention_mask (with one it attends across "
+            "them): drop attention_mask to train with document masking, or pass contiguous position_ids"
+        )
+    start = full_pos.gather(1, first.to(full_pos.device))  # (batch, 1) the first real token's position
+    return torch.where(mask == 0, start.to(position_ids.dtype), position_ids)
+
+
 def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
     """The forward pre-hook / post-hook pair of a switched model (or its decoder); ``name``: our attention's registry
     name, ``own``: the model's own attention implementation.
@@ -104,14 +145,18 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
                 "cache= / past_key_values=): generate with easy_context.eval.forward.greedy_generate (its KV cache "
                 "stays sharded where the prefill put it), or on one process"
             )
-        if _padded(mask):
-            raise ValueError(
-                f"{seq_algo}: a padding attention_mask is not supported with sequence parallelism (transformers "
-                "would drop it silently for custom attention); pack sequences, pad at the end and set those "
-                "targets to -100 (easy_context.pad_seq_parallel_inputs)"
-            )
         position_ids = given.get("position_ids")
         algo = get_seq_algo(seq_algo)
+        if mask is not None and world > 1:  # every rank gathers (a shard may hold no pad while others do)
+            if position_ids is None:
+                raise ValueError(f"{seq_algo}: pass position_ids with a padding attention_mask under sequence "
+                                 "parallelism (prepare_seq_parallel_inputs returns local_position_ids)")  # fmt: skip
+            position_ids = _padding_as_documents(seq_algo, algo, mask, position_ids, layout_opts)
+            if "position_ids" in positional:
+                args = tuple(position_ids if n == "position_ids" else a for n, a in zip(names, args))
+            else:
+                kwargs["position_ids"] = position_ids
+            mask = None
         if mask is not None and position_ids is not None and local_documents(algo, position_ids, **layout_opts):
             raise ValueError(
                 f"{seq_algo}: an attention_mask was passed with position_ids that restart (packed documents); "

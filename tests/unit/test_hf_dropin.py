@@ -99,3 +99,24 @@ def test_generate_matches_transformers(model_type, how):
     if switched.startswith("easy_context_"):  # a forward without a cache is ours again
         model(prompt)
         assert attention_calls() > calls
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_any_padding_mask_matches_transformers_on_one_process(model_type):
+    """Left, right and inner zeros in a 2-D attention_mask: a switched model on one process runs the model's own
+    attention for that forward (easy_context's is not called), so every unmasked position is transformers' number
+    (1e-6 relative); a forward without a mask is ours again."""
+    from easy_context.hf.attention import attention_calls
+
+    ids, mask = _left_padded(rows=4, width=12)
+    mask[2, 8:] = 0  # right padding
+    mask[3, 3:5] = 0  # zeros inside a row
+    reference = tiny_model(model_type)(ids, attention_mask=mask).logits
+    model = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model(model_type), kernel="math")
+    calls = attention_calls()
+    logits = model(ids, attention_mask=mask).logits
+    assert attention_calls() == calls
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], reference[real], rtol=1e-6, atol=1e-6)
+    model(ids)
+    assert attention_calls() > calls
