@@ -15,6 +15,9 @@ Read from flash-attn-4 4.0.0b36 (``flash_attn/cute/interface.py``):
   compile key only holds whether each side is set), so every band block of one shape reuses one compiled kernel.
   :func:`band_window` maps our block-local band exactly, rectangular blocks included.
 * head_dim: 8..256 on sm90, 8..128 or 256 on sm100 (multiples of 8 for 16-bit types); fp16 / bf16 only.
+* layouts: every tensor goes in contiguous. transformers hands attention (b, h, s, d) tensors that easy_context sees
+  as transposed (b, s, h, d) views (head stride s * d); flash-attn-4 kernels have read such views as if contiguous
+  (flash-attention issues 2665, 2886: head_dim 256), silently wrong. The copy costs one pass over q/k/v.
 
 Each new configuration JIT-compiles on its first call (seconds to tens of seconds): the first call of every
 (direction, dtype, head_dim, GQA ratio, causal, softcap, band) prints one line saying so, and
@@ -174,6 +177,7 @@ def fa4_forward(q, k, v, causal: bool, scale: float, softcap: float | None = Non
     from flash_attn.cute import flash_attn_func
 
     b, sq, hq, _ = q.shape
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     fa_causal, left, right = band_window(band, sq, k.shape[1], causal)
     kw = dict(softmax_scale=scale, causal=fa_causal, window_size=(left, right), softcap=softcap or 0.0, return_lse=True)
     with torch.no_grad():
@@ -187,6 +191,7 @@ def fa4_backward(dout, q, k, v, out, lse, causal: bool, scale: float, softcap: f
     from flash_attn.cute import interface
 
     fa_causal, left, right = band_window(band, q.shape[1], k.shape[1], causal)
+    q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     kw = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse.float().contiguous(), softmax_scale=scale, causal=fa_causal,
               softcap=softcap or 0.0, window_size_left=left, window_size_right=right)  # fmt: skip
     cfg = _config("backward", q, k, fa_causal, softcap, band)

@@ -71,7 +71,8 @@ def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, s
                     dv=None, score_mod=None, score_mod_bwd=None, mask_mod=None, dlse=None, learnable_sink=None):
     assert lse.dtype == torch.float32 and lse.shape == (q.shape[0], q.shape[2], q.shape[1]), lse.shape
     assert q.dtype == k.dtype == v.dtype == out.dtype == dout.dtype and q.dtype in (torch.float16, torch.bfloat16)
-    CALLS.append(("bwd", dict(causal=causal, left=window_size_left, right=window_size_right, softcap=softcap)))
+    CALLS.append(("bwd", dict(causal=causal, left=window_size_left, right=window_size_right, softcap=softcap,
+                              contiguous=all(t.is_contiguous() for t in (q, k, v, out, dout)))))
     s, t = _scores(q, k, softmax_scale, causal, window_size_left, window_size_right, softcap)
     p = torch.exp(s - lse.unsqueeze(-1))
     rep = q.shape[2] // k.shape[2]
@@ -96,7 +97,8 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
                     aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None, return_lse=False,
                     gather_bwd_recompute_p=False, gather_bwd_token_chunk=None):
     assert q.dtype in (torch.float16, torch.bfloat16)
-    CALLS.append(("fwd", dict(causal=causal, left=window_size[0], right=window_size[1], softcap=softcap)))
+    CALLS.append(("fwd", dict(causal=causal, left=window_size[0], right=window_size[1], softcap=softcap,
+                              contiguous=all(t.is_contiguous() for t in (q, k, v)))))
     s, _ = _scores(q, k, softmax_scale, causal, window_size[0], window_size[1], softcap)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse.unsqueeze(-1))
@@ -407,6 +409,23 @@ def test_fa4_adapter_through_a_windowed_zigzag_schedule(fake_fa4):
     assert bands, "the window made band blocks"
     for got, want in zip(results["fa4"], results["math"]):
         assert rel_err(got, want) < 2e-2
+
+
+def test_fa4_gets_contiguous_tensors_from_transformers_views(fake_fa4):
+    """transformers' (b, h, s, d) tensors reach the kernel as transposed (b, s, h, d) views; flash-attn-4 kernels have
+    read such views as contiguous (head_dim 256), so the adapter hands it contiguous copies: same values, same math."""
+    view = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+    q, dout = _rand(1, 96, 4, 32, seed=1), _rand(1, 96, 4, 32, seed=2)
+    k, v = _rand(1, 96, 1, 32, seed=3), _rand(1, 96, 1, 32, seed=4)
+    args = [view(x) for x in (q, k, v)]
+    assert not args[0].is_contiguous()
+    out, lse = KERNELS["fa4"].forward(*args, True, 32**-0.5, (0, 15))
+    grads = KERNELS["fa4"].backward(view(dout), *args, view(out), lse, True, 32**-0.5, (0, 15))
+    assert [c[1]["contiguous"] for c in fake_fa4.CALLS] == [True, True]
+    r_out, r_lse = MATH.forward(q.float(), k.float(), v.float(), True, 32**-0.5, (0, 15))
+    r_grads = MATH.backward(dout.float(), q.float(), k.float(), v.float(), r_out, r_lse, True, 32**-0.5, (0, 15))
+    assert rel_err(out, r_out) < 2e-2
+    assert all(rel_err(g, r) < 3e-2 for g, r in zip(grads, r_grads))
 
 
 def test_first_call_of_a_configuration_says_it_compiles(fake_fa4, capsys, monkeypatch):
