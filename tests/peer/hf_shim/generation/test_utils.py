@@ -9,6 +9,7 @@ KV cache) and a left-padded batch (what a batched ``generate()`` builds) against
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 
@@ -40,10 +41,12 @@ class GenerationTesterMixin:
             model = model_class(config).eval()
             model.generation_config.eos_token_id = None  # always MAX_NEW_TOKENS tokens, as the reference makes
             model.generation_config.pad_token_id = config.pad_token_id
-            with self.reference_attention():
-                reference = model_class._from_config(config, attn_implementation="eager").eval()
+            attention = model.config._attn_implementation
+            with self.reference_attention():  # its own config: a model's attention setting lives on its config
+                reference = model_class._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
             reference.load_state_dict(model.state_dict())
             self.assertEqual(reference.config._attn_implementation, "eager")
+            self.assertEqual(model.config._attn_implementation, attention)
             yield model, reference, inputs["input_ids"]
 
     def _generate(self, model, input_ids, **kwargs) -> torch.Tensor:
