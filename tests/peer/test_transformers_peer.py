@@ -12,6 +12,7 @@ run, each with why.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import unittest
 from fnmatch import fnmatch
@@ -98,7 +99,10 @@ class PeerCase:
         yield
 
     def test_config(self):
-        self.config_tester.run_common_tests(can_init_without_params=self.family.config_inits_quietly)
+        if "can_init_without_params" in inspect.signature(self.config_tester.run_common_tests).parameters:
+            self.config_tester.run_common_tests(can_init_without_params=self.family.config_inits_quietly)
+        else:  # older transformers (5.17): the no-argument check only fails on a config that cannot build at all
+            self.config_tester.run_common_tests()
 
     def test_attention_that_runs(self):
         """The models this case builds attend through transformers' attention ('theirs') or easy_context's ('ours')."""
