@@ -18,7 +18,7 @@ from easy_context import backends  # noqa: F401  (registers the built-in backend
 from easy_context.core import registry
 from easy_context.core.documents import Documents, find_documents
 from easy_context.core.groups import get_dp_group, get_sp_group, init_sp_groups, reset_groups
-from easy_context.core.inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs
+from easy_context.core.inputs import pad_seq_parallel_inputs, prepare_seq_parallel_inputs, shift_targets
 from easy_context.core.padding import pad_to_multiple
 from easy_context.core.registry import extract_local, get_attn_func, get_seq_algo, register_seq_algo, seq_multiple
 from easy_context.kernels import KERNEL_NAMES, get_kernel
@@ -86,5 +86,6 @@ __all__ = [
     "register_seq_algo",
     "reset_groups",
     "seq_multiple",
+    "shift_targets",
     *_legacy_names.__all__,  # EasyContext's per-backend names
 ]

@@ -30,11 +30,13 @@ from easy_context.kernels import KERNEL_NAMES
 
 class LocalBatch(NamedTuple):
     """This rank's piece of one batch, each ``(batch, seq_local)`` int64 on the device: input ids, their global
-    position ids, and the targets (target ``i`` is the token after input ``i``; -100: none)."""
+    position ids, the targets (target ``i`` is the token after input ``i``; -100: none; a switched model's
+    ``shift_labels=``) and, when one was given, the padding attention mask."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     target_ids: torch.Tensor | None
+    attention_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -91,31 +93,39 @@ class SPConfig:
         return self.algo.seq_multiple(self.sp_size, **self.options)
 
     def shard(self, input_ids: torch.Tensor, position_ids: torch.Tensor, target_ids: torch.Tensor,
-              device: torch.device | str) -> dict[str, torch.Tensor]:  # fmt: skip
-        """This rank's ``local_input_ids`` / ``local_position_ids`` / ``local_target_ids`` of full ``(batch, seq)``
-        tensors (:func:`easy_context.prepare_seq_parallel_inputs`)."""
+              device: torch.device | str,
+              attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """This rank's ``local_input_ids`` / ``local_position_ids`` / ``local_target_ids`` (and
+        ``local_attention_mask`` when a mask is given) of full ``(batch, seq)`` tensors
+        (:func:`easy_context.prepare_seq_parallel_inputs`)."""
         from easy_context.core.inputs import prepare_seq_parallel_inputs
 
         return prepare_seq_parallel_inputs(self.backend, input_ids, position_ids, target_ids, self.sp_rank,
-                                           self.sp_size, device, **self.options)  # fmt: skip
+                                           self.sp_size, device, attention_mask, **self.options)  # fmt: skip
 
     def local_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, target_ids: torch.Tensor | None,
-                    device: torch.device | str, *, pad_token_id: int | None = None) -> LocalBatch:  # fmt: skip
+                    device: torch.device | str, *, pad_token_id: int | None = None,
+                    attention_mask: torch.Tensor | None = None) -> LocalBatch:  # fmt: skip
         """This rank's :class:`LocalBatch` of full ``(batch, seq)`` host or device tensors, moved to ``device`` once:
         the one shard path of train.py, the Trainer and the evals. ``target_ids`` are already shifted (target ``i``
         is the token after input ``i``). With ``pad_token_id`` the sequence is first padded to the backend's
         multiple (pad tokens last, targets -100, positions counting on); without it the length must divide.
-        ``position_ids`` None: ``0 .. seq-1`` per row."""
+        ``position_ids`` None: ``0 .. seq-1`` per row. ``attention_mask``: a (batch, seq) left / right padding mask
+        (a switched model's ``attention_mask=``), padded with zeros and sharded like the ids."""
         from easy_context.core.inputs import pad_seq_parallel_inputs
 
         if pad_token_id is not None:
+            length = input_ids.shape[1]
             input_ids, position_ids, target_ids = pad_seq_parallel_inputs(
                 self.backend, input_ids, position_ids, target_ids, self.sp_size, pad_token_id, **self.options
             )
+            if attention_mask is not None:
+                attention_mask = torch.nn.functional.pad(attention_mask, (0, input_ids.shape[1] - length), value=0)
         elif position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        local = self.shard(input_ids, position_ids, target_ids, device)
-        return LocalBatch(local["local_input_ids"], local["local_position_ids"], local["local_target_ids"])
+        local = self.shard(input_ids, position_ids, target_ids, device, attention_mask)
+        return LocalBatch(local["local_input_ids"], local["local_position_ids"], local["local_target_ids"],
+                          local.get("local_attention_mask"))  # fmt: skip
 
     def attach(self, model: Any, *, through_easy_context: bool | None = None) -> Any:
         """Make a transformers ``model`` attend with this backend and kernel; returns it.

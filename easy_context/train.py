@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         consumed, tokens = consumed + len(batches), tokens + step_tokens
         last = guard.step_done(step + 1)  # --time-limit may make this step the last
         if (step + 1) % args.log_every == 0 or last:
-            show(bar, metrics.log(step + 1, loss, scheduler.get_last_lr()[0], train_step.skipped))
+            show(bar, metrics.log(step + 1, loss, scheduler.get_last_lr()[0], train_step.skipped, train_step.grad_norm))
         if guard.save_due(step + 1):
             guard.save_state(step + 1, consumed, train_step.skipped, tokens)
         if last:

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from easy_context.core.padding import pad_to_multiple
 from easy_context.core.registry import extract_local, seq_multiple
+
+IGNORE_INDEX = -100
+
+
+def shift_targets(labels: torch.Tensor) -> torch.Tensor:
+    """``(batch, seq)`` labels -> ``(batch, seq)`` targets as transformers' ``ForCausalLMLoss`` shifts them: target
+    ``i`` is ``labels[:, i + 1]``, the last position has none (-100).
+
+    Shift the whole sequence once, then shard it: the shard is what a switched model takes as ``shift_labels=``
+    under SP (``labels=`` would shift each rank's shard on its own)."""
+    return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
 
 
 def pad_seq_parallel_inputs(
@@ -47,20 +59,27 @@ def prepare_seq_parallel_inputs(
     rank: int,
     world_size: int,
     device: torch.device | str,
+    attention_mask: torch.Tensor | None = None,
     **options,
 ) -> dict[str, torch.Tensor | None]:
     """This rank's shard of (batch, seq) ids: ``{"local_input_ids", "local_position_ids", "local_target_ids"}``.
 
-    ``target_ids`` are already shifted by the caller (target i is the token after input i); None (inference, as in
-    EasyContext) gives ``local_target_ids`` None. ``rank`` and
+    ``target_ids`` are already shifted by the caller (target i is the token after input i: :func:`shift_targets` of
+    transformers-style labels); None (inference, as in EasyContext) gives ``local_target_ids`` None. A switched
+    transformers model takes ``local_target_ids`` as ``shift_labels=`` for its own loss. A (batch, seq) padding
+    ``attention_mask`` (left or right padding) is sharded the same way, as ``local_attention_mask``, for a switched
+    model's ``attention_mask=``. ``rank`` and
     ``world_size`` are the SP rank and size. Lengths that do not shard evenly raise an error naming
     :func:`pad_seq_parallel_inputs` (:meth:`SeqAlgo.check_length <easy_context.core.seq_algo.SeqAlgo.check_length>`).
     """
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     shard = lambda x: extract_local(seq_algo, x, rank, world_size, dim=1, **options).to(device)  # noqa: E731
-    return {
+    local = {
         "local_input_ids": shard(input_ids),
         "local_position_ids": shard(position_ids),
         "local_target_ids": None if target_ids is None else shard(target_ids),
     }
+    if attention_mask is not None:
+        local["local_attention_mask"] = shard(attention_mask)
+    return local

@@ -55,7 +55,7 @@ from easy_context.eval.tokens import adds_bos, encode, unlimited
 from easy_context.models import PRESETS, missing_local_path
 from easy_context.models.tokenizer import load_tokenizer
 from easy_context.tasks.haystack import read_haystack_text
-from easy_context.tasks.ruler.builders import RULER_TASK_COUNT, unit_name
+from easy_context.tasks.ruler.builders import RULER_TASK_COUNT, SIZINGS, unit_name
 from easy_context.tasks.ruler.vocab import english_words, key_pairs
 from easy_context.training.process_exit import run_program
 
@@ -109,6 +109,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "for base models: the prompt then the answer prefix); auto: chat when the tokenizer has a "
                         "chat template")  # fmt: skip
     p.add_argument("--chat", action="store_true", help="same as --template chat")
+    p.add_argument("--sizing", choices=list(SIZINGS), default="ruler",
+                   help="ruler (default): the haystack sized as RULER's generator sizes it (one size search per task "
+                        "and length, then each prompt stepped back by RULER's step while it is too long: prompt + "
+                        "generation ~0.85-0.99 of the length); fill: each prompt's largest haystack that fits "
+                        "(~1.0)")  # fmt: skip
     p.add_argument("--prompts_only", default=None, metavar="OUT.jsonl",
                    help="write every prompt (task, length, token count, tokens_to_generate, answers) and stop: no "
                         "model is loaded; needs --tokenizer (or --model)")  # fmt: skip
@@ -311,7 +316,9 @@ def summary_markdown(summary: dict) -> str:
                      f"{summary['base_threshold']:.3f}, {summary['base_threshold_source']}).")  # fmt: skip
     if summary.get("generation_note"):
         lines.append(f"Not RULER's generation budget: {summary['generation_note']}.")
-    lines.append(f"Template {summary.get('template', '?')}; native length {summary['native_length']}; "
+    sizing = {"ruler": "RULER's size search", "fill": "filled to the length"}.get(summary.get("sizing"), "?")
+    lines.append(f"Template {summary.get('template', '?')}; prompts sized by {sizing}; native length "
+                 f"{summary['native_length']}; "
                  f"{summary['prompts']} prompts, {summary['seconds']} s, {summary['parallel_mode']} on "
                  f"{summary['processes']} process(es), scoring {summary['scoring']}.")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -321,16 +328,20 @@ def write_prompts(args, tasks, tokenizer, essay_words) -> int:
     """--prompts_only: every prompt as one JSON line; no model. Returns the number written."""
     wrap, bos, template = prompt_wrapper(tokenizer, args.template)
     written = 0
+
+    def count(text: str) -> int:  # one function for every prompt: the size search runs once per task and length
+        return len(encode(tokenizer, text, bos))
+
     os.makedirs(os.path.dirname(os.path.abspath(args.prompts_only)), exist_ok=True)
     with open(args.prompts_only, "w", encoding="utf-8") as f:
         for length in args.lengths:
             for task in tasks:
                 for sample in range(args.num_samples):
-                    case = make_case(task, length, sample, lambda text: len(encode(tokenizer, text, bos)), wrap,
-                                     essay_words, args.seed)  # fmt: skip
+                    case = make_case(task, length, sample, count, wrap, essay_words, args.seed, args.sizing)
                     tokens = len(encode(tokenizer, case.text, bos))
                     f.write(json.dumps({"task": task.name, "length": length, "sample": sample, "template": template,
-                                        "tokens": tokens, "tokens_to_generate": case.max_new_tokens,
+                                        "sizing": case.sizing, "tokens": tokens,
+                                        "tokens_to_generate": case.max_new_tokens,
                                         "answers": case.answers, "units": case.units, "unit": unit_name(task),
                                         "deviation": case.deviation, "bos": bos, "text": case.text},
                                        ensure_ascii=False) + "\n")  # fmt: skip
@@ -389,7 +400,7 @@ def main(argv=None) -> None:
         for index in group:
             task, length, sample = cells[index]
             try:
-                cases.append(make_case(task, length, sample, count, wrap, essay_words, args.seed))
+                cases.append(make_case(task, length, sample, count, wrap, essay_words, args.seed, args.sizing))
             except (RuntimeError, ValueError) as exc:
                 sys.exit(f"error: {task.name} at {length} tokens: {exc}")
             prompts.append(encode(tokenizer, cases[-1].text, bos))
@@ -430,6 +441,7 @@ def main(argv=None) -> None:
             "processes": runtime.world_size,
             "scoring": args.scoring,
             "template": template,
+            "sizing": args.sizing,
             "tasks": args.tasks,
             "lengths": args.lengths,
             "scores": {task: {str(n): v for n, v in row.items()} for task, row in scores.items()},

@@ -39,14 +39,19 @@ def _full_length(seq_algo: str, local_len: int) -> int:
     return local_len * dist.get_world_size(get_sp_group())
 
 
+# The keywords of transformers' causal-LM loss (``loss_utils.ForCausalLMLoss`` / ``fixed_cross_entropy``): a
+# ``...ForCausalLM.forward`` passes its ``**kwargs`` to both the loss and the decoder, so they reach every attention
+# call; they do not change attention. tests/unit/test_hf_dropin.py checks them against transformers' signatures.
+LOSS_KWARGS = frozenset({"shift_labels", "num_items_in_batch", "ignore_index"})
+
 # Keywords transformers models pass to attention functions that leave softmax attention as it is (routing outputs,
-# packing metadata that :func:`_documents` reads, flags), or that :func:`variants` computes. Any other keyword with a
-# value is refused: a model that passes e.g. ``position_bias`` (Inkling), ``indices`` (DSA sparse attention) or
-# ``sinks`` expects the attention to use it, and ignoring it would silently compute other attention.
-KNOWN_KWARGS = frozenset({
+# packing metadata that :func:`_documents` reads, flags, the loss's), or that :func:`variants` computes. Any other
+# keyword with a value is refused: a model that passes e.g. ``position_bias`` (Inkling), ``indices`` (DSA sparse
+# attention) or ``sinks`` expects the attention to use it, and ignoring it would silently compute other attention.
+KNOWN_KWARGS = LOSS_KWARGS | frozenset({
     "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "is_causal",
     "use_cache", "output_attentions", "output_hidden_states", "output_router_logits", "return_dict",
-    "num_items_in_batch", "cache_position", "sliding_window", "softcap", "s_aux",
+    "cache_position", "sliding_window", "softcap", "s_aux",
 })  # fmt: skip
 
 

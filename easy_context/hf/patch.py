@@ -5,11 +5,20 @@ sets it on the model (``model.set_attn_implementation``); no model code is copie
 EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
 that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``).
 
-A forward pre-hook on the model guards what the attention function cannot see: a padding
-``attention_mask`` (transformers drops masks for custom attention names), missing ``position_ids``
-(each rank must pass the global positions of its shard) and KV caches (off for SP). An all-ones mask is dropped,
-except next to packed documents: transformers masks documents only without an ``attention_mask`` (with one it
-attends across them), so that combination is refused rather than guessed.
+A model whose config asks for attention weights (``output_attentions``) is refused when switched and at every forward
+(transformers does not pass the config's flag to the attention function). On one process (data parallel, or an SP
+group of one) a forward that carries transformers' KV cache (``generate()``: prefill and decode steps) or a padding
+``attention_mask`` runs the model's own attention for that forward: transformers builds masks and caches only for its
+own implementations, and gives its own numbers (with a padding mask its rules apply: position ids that restart do not
+mask documents). Under SP a forward pre-hook guards what the attention function cannot see: a padding
+``attention_mask`` (transformers drops masks for custom attention names) becomes documents when it pads on the left
+or the right (:func:`_padding_as_documents`, exact) and is refused with zeros between real tokens; missing
+``position_ids`` (each rank must pass the global positions of its shard), ``labels=`` on a shard (transformers' loss
+would shift each shard on its own: ``shift_labels=`` with the shard of the globally shifted targets is the way, and
+``num_items_in_batch=`` the global count of targets makes each rank's loss its share of the token mean) and KV
+caches (refused, naming ``easy_context.eval.forward.greedy_generate``). An all-ones mask is dropped, except next to
+packed documents: transformers masks documents only without an ``attention_mask`` (with one it attends across them),
+so that combination is refused rather than guessed.
 
 Models the attention cannot serve are refused when patched (:mod:`easy_context.hf.support`: recurrent / convolution /
 sparse layer kinds, attention outside ``AttentionInterface``) or at the first forward that never reaches it; RoPE
@@ -33,6 +42,7 @@ from easy_context.hf.attention import attention_calls, make_hf_attention
 from easy_context.hf.kv_cache import active_cache
 from easy_context.hf.support import (
     attention_not_called,
+    check_attention_outputs,
     check_model_supported,
     check_switched,
     decoder_of,
@@ -55,42 +65,121 @@ def attention_name(seq_algo: str, **options: Any) -> str:
     return name
 
 
-def _guard_inputs(seq_algo: str, options: dict[str, Any]):
+def _sp_world() -> int:
+    """Ranks sharing each sequence (1 without a process group)."""
+    return torch.distributed.get_world_size(get_sp_group()) if torch.distributed.is_initialized() else 1
+
+
+def _padded(mask: torch.Tensor | None) -> bool:
+    """Whether an ``attention_mask`` masks anything (a 2-D padding mask with a zero, or a 4-D mask)."""
+    return mask is not None and not bool(torch.all(mask == 1))
+
+
+def _padding_as_documents(seq_algo: str, algo, mask: torch.Tensor, position_ids: torch.Tensor,
+                          options: dict[str, Any]) -> torch.Tensor:  # fmt: skip
+    """This rank's ``position_ids`` (batch, seq_local) with a padding ``attention_mask`` shard (batch, seq_local)
+    turned into documents: every pad token gets its row's first real position, so each pad is a document of its own
+    (a restart at the row's smallest position) and the real tokens one document that never attends to a pad. With the
+    real tokens' positions unchanged that is transformers' masked attention at every real token, for left padding
+    (``generate()``'s: positions restarting at the first real token, or counting from the row's start) and right
+    padding. ``ValueError`` for zeros between real tokens, real tokens whose positions restart (packed documents, which
+    transformers does not mask next to an attention_mask), or a mask not sharded like the inputs."""
+    from easy_context.core.documents import gather_position_ids
+
+    if mask.dim() != 2 or mask.shape != position_ids.shape:
+        raise ValueError(
+            f"{seq_algo}: under sequence parallelism the attention_mask must be this rank's (batch, seq_local) shard "
+            f"of the 2-D padding mask, like position_ids {tuple(position_ids.shape)}, got {tuple(mask.shape)}: pass "
+            "local_attention_mask of prepare_seq_parallel_inputs(..., attention_mask=mask)"
+        )
+    full_mask = gather_position_ids(algo, mask.long(), None, **options) != 0
+    full_pos = gather_position_ids(algo, position_ids, None, **options)
+    first = full_mask.int().argmax(dim=1, keepdim=True)  # (batch, 1) the first real token (0 for an all-pad row)
+    index = torch.arange(full_mask.shape[1], device=full_mask.device)[None]
+    run = (index >= first) & (index < first + full_mask.sum(dim=1, keepdim=True))
+    if not torch.equal(run, full_mask):
+        row = int((run != full_mask).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"{seq_algo}: the attention_mask has zeros between real tokens (row {row}); under sequence parallelism "
+            "only left and right padding are supported: pack such rows as documents instead (position_ids "
+            "restarting at 0 at each, no attention_mask)"
+        )
+    inside = full_mask[:, 1:] & full_mask[:, :-1]
+    if bool((inside & (full_pos[:, 1:] - full_pos[:, :-1] != 1)).any()):
+        raise ValueError(
+            f"{seq_algo}: an attention_mask was passed with position_ids that restart among the real tokens (packed "
+            "documents); transformers masks documents only without an attention_mask (with one it attends across "
+            "them): drop attention_mask to train with document masking, or pass contiguous position_ids"
+        )
+    start = full_pos.gather(1, first.to(full_pos.device))  # (batch, 1) the first real token's position
+    return torch.where(mask == 0, start.to(position_ids.dtype), position_ids)
+
+
+def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
+    """The forward pre-hook / post-hook pair of a switched model (or its decoder); ``name``: our attention's registry
+    name, ``own``: the model's own attention implementation.
+
+    On one process (data parallel, or an SP group of one) a forward with a KV cache (``generate()``) or a padding mask
+    runs the model's own attention: transformers builds its masks and cache only for its own implementations, and its
+    numbers are the reference there; the post-hook (run even when the forward raises) switches back to ours."""
     sharded = get_seq_algo(seq_algo).distributed
     layout_opts = {k: v for k, v in options.items() if k != "kernel"}
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         names = list(inspect.signature(module.forward).parameters)[: len(args)]
         positional = dict(zip(names, args))
-        mask = kwargs.get("attention_mask", positional.get("attention_mask"))
-        if mask is not None and not bool(torch.all(mask == 1)):
-            raise ValueError(
-                f"{seq_algo}: a padding attention_mask is not supported with sequence parallelism (transformers "
-                "would drop it silently for custom attention); pack sequences, pad at the end and set those "
-                "targets to -100 (easy_context.pad_seq_parallel_inputs)"
+        given = {**positional, **kwargs}
+        check_attention_outputs(module, seq_algo, given)
+        mask = given.get("attention_mask")
+        cache = given.get("cache", given.get("past_key_values"))  # transformers >= 5.2x: ``cache``
+        decoding = getattr(active_cache(), "mode", None) == "decode"  # one new token, the same on every rank
+        world = _sp_world() if sharded else 1
+        if world == 1 and (cache is not None or _padded(mask)):
+            module._easy_context_own = True
+            module.config._attn_implementation = own
+            return args, kwargs
+        module._easy_context_own = False
+        if cache is not None:
+            raise NotImplementedError(
+                f"{seq_algo}: KV caches are not supported with the sequence split over {world} ranks (generate(), "
+                "cache= / past_key_values=): generate with easy_context.eval.forward.greedy_generate (its KV cache "
+                "stays sharded where the prefill put it), or on one process"
             )
-        position_ids = kwargs.get("position_ids", positional.get("position_ids"))
+        position_ids = given.get("position_ids")
         algo = get_seq_algo(seq_algo)
+        if mask is not None and world > 1:  # every rank gathers (a shard may hold no pad while others do)
+            if position_ids is None:
+                raise ValueError(f"{seq_algo}: pass position_ids with a padding attention_mask under sequence "
+                                 "parallelism (prepare_seq_parallel_inputs returns local_position_ids)")  # fmt: skip
+            position_ids = _padding_as_documents(seq_algo, algo, mask, position_ids, layout_opts)
+            if "position_ids" in positional:
+                args = tuple(position_ids if n == "position_ids" else a for n, a in zip(names, args))
+            else:
+                kwargs["position_ids"] = position_ids
+            mask = None
         if mask is not None and position_ids is not None and local_documents(algo, position_ids, **layout_opts):
             raise ValueError(
                 f"{seq_algo}: an attention_mask was passed with position_ids that restart (packed documents); "
                 "transformers masks documents only without an attention_mask (with one it attends across them): "
                 "drop attention_mask to train with document masking, or pass contiguous position_ids"
             )
+        if given.get("labels") is not None and kwargs.get("shift_labels") is None and world > 1:
+            raise ValueError(
+                f"{seq_algo}: labels= on a sequence shard makes transformers shift each rank's shard on its own (wrong "
+                "targets where shards meet, the last ones lost); pass shift_labels= this rank's shard of the globally "
+                "shifted targets: local_target_ids of easy_context.prepare_seq_parallel_inputs(seq_algo, input_ids, "
+                "position_ids, easy_context.shift_targets(labels), rank, world_size, device) (keep labels= too: "
+                "transformers computes a loss only when given labels, then reads shift_labels alone), with "
+                "num_items_in_batch= the global count of targets != -100, then all_reduce the losses (a sum)"
+            )
         if "attention_mask" in positional:
-            args = tuple(None if name == "attention_mask" else a for name, a in zip(names, args))
+            args = tuple(None if n == "attention_mask" else a for n, a in zip(names, args))
         kwargs.pop("attention_mask", None)
         if sharded and position_ids is None:
             raise ValueError(
                 f"{seq_algo}: pass position_ids: each rank holds a shard of the sequence and needs its global "
                 "positions (easy_context.prepare_seq_parallel_inputs returns local_position_ids)"
             )
-        if kwargs.get("past_key_values", positional.get("past_key_values")) is not None:
-            raise NotImplementedError(
-                f"{seq_algo}: KV caches are not supported by easy_context attention (generate with the model's own "
-                "attention: model.set_attn_implementation('sdpa'))"
-            )
-        decoding = getattr(active_cache(), "mode", None) == "decode"  # one new token, the same on every rank
         if sharded and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1 and not decoding:
             # a whole sequence on every rank of a reordering layout (zigzag, USP's ring), or another backend's shards,
             # shows in the gathered positions: refuse it here (the attention would silently compute other numbers);
@@ -100,25 +189,42 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any]):
             kwargs["use_cache"] = False
         return args, kwargs
 
-    return hook
+    def after(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output) -> None:
+        if getattr(module, "_easy_context_own", False):
+            module.config._attn_implementation = name
+            module._easy_context_own = False
+
+    return hook, after
 
 
 def _check_called(seq_algo: str):
-    """A pre/post forward hook pair: the forward must have called easy_context's attention at least once."""
+    """A pre/post forward hook pair: the forward must have called easy_context's attention at least once (unless the
+    guard sent it to the model's own attention)."""
 
     def before(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        module._easy_context_calls = attention_calls()
+        module._easy_context_calls = None if getattr(module, "_easy_context_own", False) else attention_calls()
 
     def after(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output) -> None:
-        if attention_calls() == getattr(module, "_easy_context_calls", None):
+        calls = getattr(module, "_easy_context_calls", None)
+        if calls is not None and attention_calls() == calls:
             raise attention_not_called(module, seq_algo)
 
     return before, after
 
 
+def own_attention(model: PreTrainedModel) -> str:
+    """The attention implementation ``model`` had before easy_context switched it (``eager`` when it had none)."""
+    current = model.config._attn_implementation
+    if current and not str(current).startswith("easy_context_"):
+        return current
+    return getattr(model, "_easy_context_own_attention", None) or "eager"
+
+
 def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
     sharded = get_seq_algo(seq_algo).distributed
     check_model_supported(model, seq_algo, sharded)
+    check_attention_outputs(model, seq_algo)
+    own = own_attention(model)
     name = attention_name(seq_algo, **options)
     model.set_attn_implementation(name)
     check_switched(model, seq_algo, name)
@@ -126,7 +232,10 @@ def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> P
     for module in {id(m): m for m in (model, decoder)}.values():  # the LM and its decoder
         for handle in getattr(module, "_easy_context_hooks", ()):
             handle.remove()
-        hooks = [module.register_forward_pre_hook(_guard_inputs(seq_algo, options), with_kwargs=True)]
+        module._easy_context_own_attention = own
+        guard, restore = _guard_inputs(seq_algo, options, name, own)
+        hooks = [module.register_forward_pre_hook(guard, with_kwargs=True),
+                 module.register_forward_hook(restore, with_kwargs=True, always_call=True)]  # fmt: skip
         if sharded:
             before, after = _check_called(seq_algo)
             hooks += [module.register_forward_pre_hook(before, with_kwargs=True),

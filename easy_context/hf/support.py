@@ -109,6 +109,31 @@ def check_switched(model: nn.Module, seq_algo: str, wanted: str) -> None:
         )
 
 
+# transformers' output flags whose outputs it records from each attention module's second return value (its
+# ``capture_outputs``: ``attentions``, and cross-attentions / SAM's mask-decoder attentions under the same flag), read
+# from the forward's keyword or else the config; easy_context's attention returns no weights there, so the flag would
+# give empty or None attentions silently.
+ATTENTION_OUTPUT_FLAGS = ("output_attentions",)
+
+
+def check_attention_outputs(model: nn.Module, seq_algo: str, kwargs: dict[str, Any] | None = None) -> None:
+    """Raise ``NotImplementedError`` when a flag of :data:`ATTENTION_OUTPUT_FLAGS` is on for ``model``: in ``kwargs``
+    (a forward's keywords) or, where they do not set it, on its config or a sub-config."""
+    kwargs = kwargs or {}
+    for flag in ATTENTION_OUTPUT_FLAGS:
+        if flag in kwargs and kwargs[flag] is not None:
+            on, where = bool(kwargs[flag]), f"{flag}=True passed to forward"
+        else:
+            configs = [c for c in _configs(getattr(model, "config", None)) if getattr(c, flag, False)]
+            on, where = bool(configs), f"config.{flag} = True ({type(configs[0]).__name__ if configs else ''})"
+        if on:
+            raise NotImplementedError(
+                f"{seq_algo}: {where} asks for attention weights, which easy_context's attention does not compute "
+                f"(transformers would return none, silently); set {flag} = False on the config and pass it False, or "
+                "keep the model's own eager attention to inspect weights"
+            )
+
+
 def attention_not_called(model: nn.Module, seq_algo: str) -> NotImplementedError:
     """The error for a forward that never reached easy_context's attention."""
     config = getattr(model, "config", None)

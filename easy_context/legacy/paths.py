@@ -97,7 +97,13 @@ class OldPathFinder(importlib.abc.MetaPathFinder):
         if found is None:
             return None
         new, names, package = found
-        spec = importlib.machinery.ModuleSpec(fullname, _OldPathLoader(new, names, package), is_package=package)
+        # The new module's file as the origin: runpy sets ``sys.argv[0]`` and ``__file__`` from it for ``python -m
+        # OLD.PATH`` (argparse names the program after ``sys.argv[0]``, and None crashes it).
+        origin = None if new is None or package else importlib.util.find_spec(new).origin
+        spec = importlib.machinery.ModuleSpec(
+            fullname, _OldPathLoader(new, names, package), origin=origin, is_package=package
+        )
+        spec.has_location = origin is not None
         if package:
             spec.submodule_search_locations = []
         return spec

@@ -25,7 +25,8 @@ class MetricsLogger:
 
     Fields: step, loss, lr, tokens (cumulative, all ranks), tokens_per_s, peak_mem_bytes (GPU allocated; host RSS
     on CPU), peak_host_bytes (this process's peak RSS), skipped_steps (cumulative count of steps whose update
-    ``--nonfinite skip`` dropped), and mfu on GPUs (6N + each layer's attention FLOPs per token, window layers
+    ``--nonfinite skip`` dropped), grad_norm (the step's global gradient norm before clipping, with ``--grad-clip``
+    > 0 or DeepSpeed), and mfu on GPUs (6N + each layer's attention FLOPs per token, window layers
     counted as window x length, recompute not counted, against the datasheet bf16 peak).
 
     A run starting at ``start_step`` (0, or the step it resumed at) keeps only the rows up to that step: a run
@@ -66,7 +67,7 @@ class MetricsLogger:
         tmp.write_text("".join(kept))
         os.replace(tmp, self.path)
 
-    def log(self, step: int, loss: float, lr: float, skipped_steps: int) -> dict:
+    def log(self, step: int, loss: float, lr: float, skipped_steps: int, grad_norm: float | None = None) -> dict:
         now = time.perf_counter()
         elapsed, self.last = now - self.last, now
         steps, self.last_step = step - self.last_step, step  # since the previous row (--log-every N: N steps)
@@ -82,6 +83,8 @@ class MetricsLogger:
             "peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,  # this process
             "skipped_steps": skipped_steps,
         }
+        if grad_norm is not None:
+            row["grad_norm"] = grad_norm
         if self.peak_total:
             row["mfu"] = row["tokens_per_s"] * self.flops_per_token / self.peak_total
         if self.accelerator.is_main_process:

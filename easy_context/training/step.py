@@ -87,6 +87,7 @@ class TrainStep:
         self.check_grad_norm = accelerator.mixed_precision != "fp16"
         self.skipped = skipped  # steps whose update was dropped, this run and the runs it resumes
         self.skips_in_a_row = 0
+        self.grad_norm: float | None = None  # the last step's gradient norm before clipping (None: not clipped)
 
     def __call__(self, step: int, batches: list) -> float:
         """Train optimizer step ``step`` (1-based, for messages) on ``batches``; returns its loss."""
@@ -101,6 +102,7 @@ class TrainStep:
         if self.grad_clip or self.deepspeed:  # DeepSpeed clips inside its step: this returns its norm
             grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         loss, grad_norm = to_host(step_loss, grad_norm)
+        self.grad_norm = grad_norm
         problem = nonfinite_problem(step, loss, grad_norm if self.check_grad_norm else None)
         if problem is None:
             self.skips_in_a_row = 0

@@ -54,6 +54,7 @@ from torch import nn
 from transformers import PreTrainedModel, Trainer
 
 from easy_context.core.groups import get_sp_group
+from easy_context.core.inputs import IGNORE_INDEX, shift_targets
 from easy_context.hf.support import decoder_of
 from easy_context.loss import (
     HEAD_LOSS_IMPLS,
@@ -65,7 +66,6 @@ from easy_context.loss import (
 from easy_context.sp_config import SPConfig, resolve_sp_config
 from easy_context.training.dataloader import batch_checksum
 
-IGNORE_INDEX = -100
 SP_LOSSES = (*HEAD_LOSS_IMPLS, "logits")
 # keys of TRL's padding-free batches that position_ids already say (documents restart at position 0)
 _DERIVED_KEYS = frozenset({"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"})
@@ -76,12 +76,6 @@ class LocalBatch(dict):
     """This rank's shard of one micro-batch: ``input_ids``, ``position_ids`` (global positions) and ``shift_labels``
     (the target of each local token, -100: none), each ``(batch, seq_local)`` int64, where ``seq_local`` is the
     padded length over the SP group's ranks (``seq_padded // sp_size``; data parallel: ``seq_padded``)."""
-
-
-def shift_targets(labels: torch.Tensor) -> torch.Tensor:
-    """``(batch, seq)`` labels -> ``(batch, seq)`` targets as transformers' ``ForCausalLMLoss`` shifts them: target
-    ``i`` is ``labels[:, i + 1]``, the last position has none (-100)."""
-    return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
 
 
 def sp_local_batch(batch: Mapping[str, Any], sp: SPConfig, *, pad_token_id: int = 0, pad: bool = True,

@@ -140,7 +140,7 @@ def bad_input_worker(rank, world, case):
     "case,message",
     [
         ("dropout", "attention dropout"),
-        ("padding_mask", "padding attention_mask"),
+        ("padding_mask", "zeros between real tokens"),  # each rank's shard pads its start: zeros inside the row
         ("no_positions", "pass position_ids"),
         ("kv_cache", "KV caches are not supported"),
     ],
@@ -219,7 +219,7 @@ def positional_mask_worker(rank, world):
 
 def test_guard_sees_positional_arguments_and_the_decoder(dist_pool):
     for errors in dist_pool(2).run(positional_mask_worker):
-        assert len(errors) == 2 and "padding attention_mask" in errors[0] and "pass position_ids" in errors[1]
+        assert len(errors) == 2 and "zeros between real tokens" in errors[0] and "pass position_ids" in errors[1]
 
 
 def test_data_parallel_patch_is_an_explicit_choice():

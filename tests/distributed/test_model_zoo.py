@@ -175,6 +175,42 @@ def test_sliding_window_when_the_model_does_not_pass_it():
     assert sliding_window(SimpleNamespace(config=off), {}) is None
 
 
+@pytest.mark.parametrize("config_cap", [None, 50.0])
+def test_softcap_passed_only_as_the_keyword(config_cap):
+    """transformers' ``softcap`` keyword reaches the attention, with no ``attn_logit_softcapping`` on the config (or
+    another value there: the keyword wins); out and dq/dk/dv equal a plain torch tanh-capped causal attention with
+    GQA (4 query / 2 KV heads, KV not repeated, as transformers passes them)."""
+    from easy_context.hf.attention import make_hf_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, generator=g, dtype=torch.float64)  # (b, h, s, d) as transformers passes it
+    k, v = (torch.randn(2, 2, 16, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(2, 16, 4, 8, generator=g, dtype=torch.float64)
+    cap, scale = 2.0, 0.7  # logits of a few units: the cap of 2 changes them a lot
+    module = torch.nn.Module()
+    module.config = SimpleNamespace() if config_cap is None else SimpleNamespace(attn_logit_softcapping=config_cap)
+    module.is_causal = True
+
+    def plain(q, k, v):
+        k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+        s = torch.tanh(q @ k.transpose(-1, -2) * scale / cap) * cap
+        s = s.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2)
+
+    fn = make_hf_attention("data_parallel")
+    results = []
+    for attend in (lambda q, k, v: fn(module, q, k, v, None, scaling=scale, dropout=0.0, softcap=cap)[0], plain):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = attend(*leaves)
+        out.backward(dout)
+        results.append([out.detach(), *(x.grad for x in leaves)])
+    uncapped = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(
+        2, 1), is_causal=True, scale=scale).transpose(1, 2)  # fmt: skip
+    assert (uncapped - results[1][0]).abs().max() > 0.05  # the cap matters at these logits
+    for name, got, ref in zip(("out", "dq", "dk", "dv"), *results):
+        assert (got - ref).abs().max() <= 1e-6 * ref.abs().max(), name
+
+
 def test_decoder_of_finds_the_decoder_stack():
     """transformers' get_decoder() returns the LM itself for Llama 4 text and the output Linear for ModernBERT's
     decoder; easy_context's loss and guards need the module returning hidden states."""

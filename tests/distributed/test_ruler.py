@@ -19,7 +19,7 @@ import pytest
 from easy_context.eval.ruler import DEFAULT_TASKS, TASKS, make_case, string_match_all
 from easy_context.eval.ruler.scoring import averages, effective_length, samples_for, wilson
 from easy_context.eval.run_ruler import DEFAULT_SAMPLES, parse_args, prompt_wrapper, summary_markdown, thresholds
-from easy_context.tasks.ruler.builders import FWE_DOTS, NOISE, zipf_counts
+from easy_context.tasks.ruler.builders import FWE_DOTS, NOISE, ruler_step, zipf_counts
 from easy_context.tasks.ruler.fit import largest_fitting
 from easy_context.tasks.ruler.vocab import english_words, key_pairs
 
@@ -97,7 +97,8 @@ def oracle(task_name: str, text: str) -> str:
 
 @pytest.mark.parametrize("task_name", list(TASKS))
 def test_every_answer_is_recoverable_and_prompts_fill_their_budget(tokenizer, task_name):
-    """RULER's budget: prompt tokens + the task's tokens_to_generate <= length, the haystack as large as that allows."""
+    """RULER's budget: prompt tokens + the task's tokens_to_generate <= length; sized as RULER's search sizes it
+    (default) or the haystack as large as that allows (``sizing="fill"``)."""
     count = _count(tokenizer)
     task = TASKS[task_name]
     for length, sample in [(1024, 0), (1024, 1), (4096, 0)]:
@@ -108,9 +109,12 @@ def test_every_answer_is_recoverable_and_prompts_fill_their_budget(tokenizer, ta
         assert (again.text, again.answers) == (case.text, case.answers), "not reproducible from the seed"
         assert case.max_new_tokens == {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}[task.kind]
         tokens, budget = count(case.text), length - case.max_new_tokens
-        assert tokens <= budget
+        assert tokens <= budget and case.sizing == "ruler"
+        filled = make_case(task, length, sample, count, _plain, ESSAY.split(), seed=3, sizing="fill")
+        assert filled.answers == case.answers and filled.sizing == "fill" and count(filled.text) <= budget
+        assert case.units <= filled.units
         if length >= 4096:  # within one haystack unit of the budget (a UUID needle line is ~1 % of 4K tokens)
-            assert tokens >= 0.985 * budget, (tokens, budget)
+            assert count(filled.text) >= 0.985 * budget, (count(filled.text), budget)
             # RULER's own settings (this 600-token BPE spends ~7 tokens a list item: CWE's need 8K, see below)
             assert case.deviation == "" or task.kind == "cwe"
     other = make_case(task, 1024, 1, count, _plain, ESSAY.split(), seed=4)
@@ -148,15 +152,69 @@ def test_niah_wording_haystack_lines_and_real_word_keys():
         make_case(TASKS["niah_single_1"], 200, 0, len, _plain)
 
 
-def test_vt_and_cwe_carry_rulers_worked_example(tokenizer):
+# RULER's own generator, current main, SmolLM2's tokenizer, 10 prompts a cell: prompt + generation over the length,
+# medians 0.845 (niah_multikey_1 4K) to 0.94 (vt 4K); a prompt is either at the searched size or a step or more below
+RULER_RATIO = (0.84, 1.0)
+
+
+def test_ruler_sizing_steps_back_as_rulers_search_and_lands_in_its_range(tokenizer):
+    """RULER's sizing: one size search per task and length (on draws of its own), each prompt at that size or stepped
+    back by RULER's step (500 essay words, 10 VT lines, FWE's grid of budget/32 words) only while it is too long; so
+    prompt + generation fall in RULER's range of the length, below what filling to the budget gives."""
     count = _count(tokenizer)
-    vt = make_case(TASKS["vt"], 4096, 0, count, _plain).text
-    example, main = vt.split("\nMemorize and track")  # the example, then the prompt
-    assert example.startswith("Memorize and track") and "VAR " in example and "= 12345" in example
-    names = re.findall(r"VAR ([A-Z]{3}) = ", example)
-    assert len(names) == 5 and example.endswith("they are: " + " ".join(names))  # the chain, then its answer
-    assert 400 <= count(example) <= 500 - 30  # RULER's example: a 500-token prompt with its budget
-    assert "= 12345" not in main and len(re.findall(r"VAR [A-Z]{5} = ", main)) == 5
+    ruler_mean, fill_mean = [], []
+    for name in ("niah_single_3", "niah_multikey_1", "vt", "fwe"):
+        task = TASKS[name]
+        for length in (4096, 8192):
+            step = ruler_step(task, length)
+            cases = [make_case(task, length, s, count, _plain, ESSAY.split(), seed=3) for s in range(6)]
+            filled = [make_case(task, length, s, count, _plain, ESSAY.split(), seed=3, sizing="fill") for s in range(6)]
+            top = max(c.units for c in cases)
+            for case, fill in zip(cases, filled):
+                assert (top - case.units) % step == 0, (name, length, top, case.units, step)
+                assert case.units <= fill.units and (case.units == top or fill.units < case.units + step), (
+                    "stepped back further than needed", name, length, case.units, fill.units, step)  # fmt: skip
+                ratio = (count(case.text) + task.max_new_tokens) / length
+                assert RULER_RATIO[0] <= ratio <= RULER_RATIO[1], (name, length, ratio)
+                ruler_mean.append(ratio)
+                fill_mean.append((count(fill.text) + task.max_new_tokens) / length)
+    assert sum(ruler_mean) / len(ruler_mean) < sum(fill_mean) / len(fill_mean) - 0.02
+    assert min(fill_mean) >= 0.985
+
+
+VT_STATEMENT = re.compile(r"VAR [A-Z]+ = (?:\d{5}|VAR [A-Z]+ )")
+
+
+def test_vt_follows_rulers_current_layout(tokenizer):
+    """RULER's VT since its "fix VT" (26ed7ba): every ``VAR X = ...`` statement is a line of its own among the noise
+    lines (never inline after noise, never two on one line), a chain's statements with noise between them; the worked
+    example (3-letter names, a 500-token prompt) has a value drawn at random per prompt (RULER's ``randomize_icl``),
+    its answer after ``they are:`` and two spaces, then a blank line before the task."""
+    count = _count(tokenizer)
+    values = set()
+    for sample in range(4):
+        text = make_case(TASKS["vt"], 4096, sample, count, _plain).text
+        head, main = text.split("\n\nMemorize and track")  # the example ends with its answer, a newline, a newline
+        example_context, example_answer = head.split("\nQuestion:")
+        example_lines = example_context.split("\n\n", 1)[1].split("\n")
+        main_lines = main.split("\n\n", 1)[1].split("\nQuestion:")[0].split("\n")
+        for lines, letters in ((example_lines, 3), (main_lines, 5)):
+            assert set(lines) <= {NOISE} | {line for line in lines if VT_STATEMENT.fullmatch(line)}, lines
+            at = [i for i, line in enumerate(lines) if line != NOISE]
+            assert len(at) == 5 and all(b - a >= 2 for a, b in zip(at, at[1:]))  # noise between statements
+            names = [lines[i].split()[1] for i in at]
+            assert all(len(n) == letters for n in names)
+            assert all(lines[i].endswith(f"= VAR {names[j]} ") for j, i in enumerate(at[1:]))  # in chain order
+        value = example_lines[[i for i, x in enumerate(example_lines) if x != NOISE][0]].split("= ")[1]
+        values.add(value)
+        ex_names = [example_lines[i].split()[1] for i, x in enumerate(example_lines) if x != NOISE]
+        assert example_answer.endswith(f"assigned the value {value}, they are:  " + " ".join(ex_names))
+        assert 400 <= count(head.split(" Answer: According")[0]) <= 500  # RULER's example: a 500-token prompt
+    assert len(values) == 4 and "12345" not in values  # drawn per prompt
+
+
+def test_cwe_carries_rulers_worked_example(tokenizer):
+    count = _count(tokenizer)
     for length, words, common, other in [(8192, 40, 10, 3), (2048, 20, 3, 1)]:
         cwe = make_case(TASKS["cwe"], length, 0, count, _plain)
         assert cwe.deviation == ""
@@ -181,7 +239,8 @@ def test_fwe_ignores_the_dots_and_asks_ranks_two_to_four(tokenizer):
     assert ranked[0][0] == FWE_DOTS  # the top-ranked word is the dots
     assert [w for w, _ in ranked[1:4]] == case.answers and ranked[3][1] > ranked[4][1]
     assert all(re.fullmatch("[a-z]{6}", w) for w, _ in ranked[1:])
-    expected = [c for c in zipf_counts(case.units, length // 50, 2.0) if c]  # exact Zipf counts over length/50 words
+    # exact Zipf counts over a vocabulary of 1/50 of the prompt budget (RULER: (length - 50) // 50)
+    expected = [c for c in zipf_counts(case.units, (length - 50) // 50, 2.0) if c]
     assert [c for _, c in ranked] == expected and len(words) == sum(expected)
 
 
@@ -314,6 +373,7 @@ def test_prompts_only_writes_every_prompt_without_a_model(tokenizer, tmp_path):
         assert row["template"] == "base" and row["answers"] and row["units"] > 0
         assert string_match_all(oracle(row["task"], row["text"]), row["answers"]) == 1.0
     assert {r["tokens_to_generate"] for r in rows if r["task"] == "vt"} == {30}
+    assert {r["sizing"] for r in rows} == {"ruler"}  # which sizing made the prompts is recorded
 
 
 def ruler_worker(rank, world, model_dir, out_dir, mode, options, lengths):

@@ -81,6 +81,30 @@ def test_a_shard_of_another_layout_is_refused_on_4_ranks(dist_pool):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# a switched model and transformers' own loss on 2 and 4 ranks
+
+
+def run_model_block(rank: int, world: int, code: str) -> tuple[float, float]:
+    """Execute the docs' switched-model block on this rank: (its all-reduced loss, the one-process model's
+    transformers loss with its own attention on the whole batch)."""
+    from transformers import AutoModelForCausalLM
+
+    scope: dict = {}
+    exec(compile(code, "docs/api.md", "exec"), scope)
+    reference = AutoModelForCausalLM.from_config(scope["config"], attn_implementation="eager")
+    reference.load_state_dict(scope["model"].state_dict())
+    return scope["loss"].item(), reference(scope["input_ids"], labels=scope["labels"]).loss.item()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_model_loss_block_matches_one_process(dist_pool, world):
+    code = block("docs/api.md", 1)
+    assert "shift_labels=shard" in code and "num_items_in_batch=" in code
+    for loss, reference in dist_pool(world).run(run_model_block, code):
+        assert abs(loss - reference) < 1e-5 * reference, (loss, reference)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # a patched model given the whole sequence on every rank
 
 

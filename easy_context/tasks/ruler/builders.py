@@ -1,22 +1,25 @@
-"""RULER's synthetic tasks as NVIDIA's generator defines them (arXiv 2404.06654; its ``scripts/data/synthetic``),
-written here from that definition.
+"""RULER's synthetic tasks as NVIDIA's generator defines them (arXiv 2404.06654; its ``scripts/data/synthetic`` at
+main c3f5e3b, VT as changed by its commit 26ed7ba), written here from that definition.
 
 Every prompt is ``[worked example] + instructions + haystack (what is asked hidden in it) + question``, wrapped in the
-model's template, followed by the answer prefix the model continues. Its haystack is the largest one for which
-``prompt tokens + the task's tokens_to_generate <= length`` (RULER's budget: 128 NIAH, 30 VT, 120 CWE, 50 FWE),
-measured with the evaluated tokenizer (:mod:`.fit`). Every draw comes from
-``random.Random(f"ruler:{seed}:{task}:{length}:{sample}")``: a prompt is reproducible from its seed alone.
+model's template, followed by the answer prefix the model continues. ``prompt tokens + the task's tokens_to_generate
+<= length`` (RULER's budget: 128 NIAH, 30 VT, 120 CWE, 50 FWE), measured with the evaluated tokenizer. The haystack is
+sized as RULER's generator sizes it (a size search per task and length, then each prompt stepped back by RULER's
+step while too long: :func:`make_case`), or filled to the budget (``sizing="fill"``, :mod:`.fit`). Every draw comes
+from ``random.Random(f"ruler:{seed}:{task}:{length}:{sample}")``: a prompt is reproducible from its seed alone.
 
 * Retrieval (``niah_*``): needles ``One of the special magic numbers for {key} is: {value}.`` in a haystack of
   ``noise`` lines or of other ``needles`` (one a line, joined by newlines) or of the ``essay`` text (at sentence
   starts, at RULER's 40 depths); keys are adjective-noun pairs or UUIDs, values 7-digit numbers, word pairs or UUIDs.
   One key asked with one value: singular wording ("A special magic number is hidden ...", "... is").
-* ``vt``: one chain of 4 hops ``VAR B = VAR A`` hidden in noise lines, after a worked example (a full chain with
-  3-letter names and value 12345 in ~500 tokens, with its answer).
+* ``vt``: one chain of 4 hops ``VAR B = VAR A`` whose statements are lines of their own between noise lines, after a
+  worked example (a chain with 3-letter names in a ~500-token prompt, with its answer; its names and value drawn per
+  prompt).
 * ``cwe``: the 10 most common words of a numbered list of English words (each common word 30 times, each other word 3;
   below 4K tokens 6 and 1), after a worked example (40 words, 10 common ones, with its answer; below 4K: 20).
 * ``fwe``: a text of random 6-letter words with exact Zipf counts (``int(n * rank**-2 / zeta(2))``) over a vocabulary
-  of length/50 words; the top-ranked word is "..." (the prompt says to ignore the dots); the answer is ranks 2-4.
+  of (length - 50) / 50 words; the top-ranked word is "..." (the prompt says to ignore the dots); the answer is ranks
+  2-4.
 
 RULER's two QA tasks need SQuAD / HotpotQA, not available offline: left out (the average is over 11 of its 13 tasks).
 ``niah_single_words`` (word values) is an extra, outside the average. What still differs from NVIDIA's generator is
@@ -147,6 +150,7 @@ class RulerCase:
     max_new_tokens: int  # RULER's tokens_to_generate for the task
     units: int  # haystack units that fit (lines, essay words, list words, coded words)
     deviation: str = ""  # where a prompt too short for RULER's setting had to use a smaller one
+    sizing: str = "ruler"  # how the haystack was sized (SIZINGS)
 
 
 Count = Callable[[str], int]
@@ -223,52 +227,67 @@ def _niah(task: RulerTask, rng: random.Random, essay_words: list[str]) -> Render
     return render
 
 
-def _vt_chain(rng: random.Random, task: RulerTask, letters: int, value: str | None) -> Render:
-    """One VT prompt's renderer: ``task.chains`` chains of ``task.hops`` hops in ``n`` noise lines; the first chain's
-    value is asked. Noise lines end in a newline and every piece is joined by a space, as RULER writes them."""
+def _vt_statements(rng: random.Random, task: RulerTask, letters: int, value: str | None) -> list[list[str]]:
+    """``task.chains`` chains of ``task.hops`` hops, each ``[VAR A = value, VAR B = VAR A , ...]`` (a hop statement
+    ends in a space, as RULER writes it); the first chain's value is the one asked."""
     used: set[str] = set()
-    chains, statements = [], []
+    chains = []
     for _ in range(task.chains):
         names = distinct(rng, lambda r: variable_name(r, letters), task.hops + 1, used)
         chain_value = value or number(rng, 5)
-        chains.append((chain_value, names))
-        lines = [f"VAR {names[0]} = {chain_value}"] + [f"VAR {b} = VAR {a} " for a, b in zip(names, names[1:])]
-        depths = sorted(rng.random() for _ in lines)  # in order: each assignment after the one it reads
-        statements += zip(depths, lines)
-    query, names = chains[0]
+        chains.append([f"VAR {names[0]} = {chain_value}"] + [f"VAR {b} = VAR {a} " for a, b in zip(names, names[1:])])
+    return chains
+
+
+def _vt_context(chains: list[list[str]], n: int, layout_seed: float) -> str:
+    """``n`` noise lines with every statement on a line of its own, as RULER lays them out: each chain in turn takes
+    distinct line indexes drawn uniformly (sorted) among the lines so far, its j-th statement going before the line
+    at its index (so two statements of one chain always have noise between them). Joined by newlines. The draw
+    depends on ``layout_seed`` and ``n`` only."""
+    rng = random.Random(f"{layout_seed}:{n}")
+    lines = [NOISE] * n
+    for chain in chains:
+        at = sorted(rng.sample(range(max(len(lines), len(chain))), len(chain)))
+        for j, (index, statement) in enumerate(zip(at, chain)):
+            lines.insert(min(index + j, len(lines)), statement)
+    return "\n".join(lines)
+
+
+def _vt_render(chains: list[list[str]], layout_seed: float) -> Render:
+    value = chains[0][0].split("= ")[1]
+    names = [line.split()[1] for line in chains[0]]
 
     def render(n: int) -> tuple[str, str, list[str]]:
-        context = _insert([NOISE + "\n"] * n, statements, " ")
-        body = VT_PROMPT.format(context=context, query=query)
-        return body, VT_ANSWER.format(count=len(names), query=query), list(names)
+        body = VT_PROMPT.format(context=_vt_context(chains, n, layout_seed), query=value)
+        return body, VT_ANSWER.format(count=len(names), query=value), names
 
     return render
 
 
-def _vt_example(task: RulerTask, rng: random.Random, count: Count, length: int) -> str:
-    """RULER's worked VT example: a full prompt (3-letter names, value 12345, at most 10 hops) sized to ~500 tokens
-    with its generation budget (scaled down below 4K tokens), then its answer, then a newline."""
-    example = _vt_chain(rng, RulerTask("vt_example", "vt", task.max_new_tokens, chains=task.chains,
-                                       hops=min(task.hops, 10)), 3, "12345")  # fmt: skip
-    budget = VT_EXAMPLE_TOKENS * min(length, LONG) // LONG - task.max_new_tokens
-
-    def text(n: int) -> str:
-        body, prefix, answers = example(n)
-        return body + prefix + " ".join(answers) + "\n"
-
+def _vt_example(task: RulerTask, rng: random.Random, count: Count, length: int, layout: random.Random) -> str:
+    """RULER's worked VT example: a VT prompt with 3-letter names (at most 10 hops) whose prompt, answer prefix
+    included, is at most 500 tokens (scaled down below 4K tokens), then a space, its answer and a newline. Its size
+    and statement lines come from ``layout`` (one draw per task and length, as RULER makes one example per run); its
+    names and value from ``rng`` (per prompt, as RULER's ``randomize_icl`` redraws them)."""
+    shape = RulerTask("vt_example", "vt", task.max_new_tokens, chains=task.chains, hops=min(task.hops, 10))
+    layout_seed = layout.random()
+    sized = _vt_render(_vt_statements(layout, shape, 3, "12345"), layout_seed)
+    budget = VT_EXAMPLE_TOKENS * min(length, LONG) // LONG
     try:
-        return text(largest_fitting(lambda n: count(text(n)), budget))
+        n = largest_fitting(lambda n: count("".join(sized(n)[:2])), budget)
     except ValueError:  # a prompt far below RULER's lengths: the example without noise
-        return text(0)
+        n = 0
+    body, prefix, answers = _vt_render(_vt_statements(rng, shape, 3, None), layout_seed)(n)
+    return body + prefix + " " + " ".join(answers) + "\n"
 
 
-def _vt(task: RulerTask, rng: random.Random, count: Count, length: int) -> Render:
-    example = _vt_example(task, random.Random(rng.random()), count, length)
-    chain = _vt_chain(rng, task, 5, None)
+def _vt(task: RulerTask, rng: random.Random, count: Count, length: int, layout: random.Random) -> Render:
+    example = _vt_example(task, random.Random(rng.random()), count, length, layout)
+    chain = _vt_render(_vt_statements(rng, task, 5, None), rng.random())
 
     def render(n: int) -> tuple[str, str, list[str]]:
         body, prefix, answers = chain(n)
-        return example + body, prefix, answers
+        return example + "\n" + body, prefix, answers
 
     return render
 
@@ -320,7 +339,7 @@ def zipf_counts(words: int, vocabulary: int, alpha: float) -> list[int]:
 
 
 def _fwe(task: RulerTask, rng: random.Random, length: int) -> Render:
-    vocab = distinct(rng, coded_word, max(length // 50, 5))
+    vocab = distinct(rng, coded_word, max((length - task.max_new_tokens) // 50, 5))  # RULER: 1/50 of the prompt budget
     vocab[0] = FWE_DOTS
     stream_seed = rng.random()
     zeta_cache: dict[int, list[int]] = {}
@@ -334,6 +353,59 @@ def _fwe(task: RulerTask, rng: random.Random, length: int) -> Render:
     return render
 
 
+SIZINGS = ("ruler", "fill")
+
+
+def ruler_step(task: RulerTask, length: int) -> int:
+    """RULER's back-off step (haystack units) when a prompt drawn at the searched size is too long: 500 essay words,
+    25 noise / needle lines (5 below 4K tokens), 10 VT noise lines (5 below 4K), 10 CWE words; FWE's word grid of
+    1/32 of the prompt budget."""
+    if task.kind == "niah":
+        return 500 if task.haystack == "essay" else (25 if length >= LONG else 5)
+    if task.kind == "vt":
+        return 10 if length >= LONG else 5
+    if task.kind == "cwe":
+        return 10
+    return max((length - task.max_new_tokens) // 32, 1)
+
+
+def _ruler_search(task: RulerTask, count: Callable[[int, object], int], target: int, length: int) -> int:
+    """The size RULER's search settles on; ``count(n, draw)`` is the tokens of a prompt of ``n`` units drawn with
+    ``draw``. NIAH, VT, CWE: a bisection in which every probe is a new draw, between one step and 3x (CWE: 2x) the
+    size that the tokens per unit of one probe (``step`` units; CWE: 4096 words) predict: the largest probe that fit
+    (so a draw that came out short is often the one kept, and a new prompt at that size is too long about half the
+    time). FWE: one draw on a grid ``budget // 6 + k * step`` grown until a prompt reaches the budget, then one step
+    back."""
+    step = ruler_step(task, length)
+    if task.kind == "fwe":
+        n = target // 6
+        while count(n, "search") < target:
+            n += step
+        return n - step
+    probe, factor = (4096, 2) if task.kind == "cwe" else (step, 3)
+    per_unit = count(probe, "search:estimate") / probe
+    lo, hi, best = step, max(int(target / per_unit * factor), 2 * step), None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if count(mid, f"search:{mid}") <= target:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return step if best is None else best
+
+
+def _ruler_units(task: RulerTask, length: int, target: int, count: Callable[[int], int], search: int) -> int:
+    """RULER's size for one prompt: the searched size (on another draw), stepped back by :func:`ruler_step` while this
+    prompt is too long; the largest fitting size where the steps run out."""
+    step, n = ruler_step(task, length), search
+    while n > step and count(n) > target:
+        n -= step
+    return n if n >= 0 and count(n) <= target else largest_fitting(count, target)
+
+
+_SEARCHED: dict[tuple, int] = {}  # (task, length, seed, setting, tokenizer, template, essay) -> searched size
+
+
 def make_case(
     task: RulerTask,
     length: int,
@@ -342,49 +414,91 @@ def make_case(
     wrap: Callable[[str, str], str],
     essay_words: list[str] | None = None,
     seed: int = 0,
+    sizing: str = "ruler",
 ) -> RulerCase:
-    """The prompt of ``task`` at ``length`` tokens for ``sample``: the largest haystack with
-    ``count_tokens(prompt) + task.max_new_tokens <= length``.
+    """The prompt of ``task`` at ``length`` tokens for ``sample``, with ``count_tokens(prompt) + task.max_new_tokens
+    <= length``.
+
+    ``sizing="ruler"`` (default) sizes the haystack as RULER's generator does: one size search per task and length on
+    a draw of its own, then each prompt at that size, stepped back by :func:`ruler_step` units while it is too long
+    (RULER's prompts + generation come to ~0.85-0.99 of the length). ``sizing="fill"``: each prompt's largest
+    haystack that fits (~1.0 of the length).
 
     ``wrap(body, answer_prefix)`` is the full model input (base: ``body + answer_prefix``; or the chat template's);
     ``count_tokens(text)`` its token count as the model sees it (BOS included). ``essay_words``: the essay haystack,
     needed by the ``essay`` tasks (a ValueError without it)."""
 
-    def rng() -> random.Random:
-        return random.Random(f"ruler:{seed}:{task.name}:{length}:{sample}")
+    def rng(draw: object = sample) -> random.Random:
+        return random.Random(f"ruler:{seed}:{task.name}:{length}:{draw}")
 
+    if sizing not in SIZINGS:
+        raise ValueError(f"unknown sizing {sizing!r}: choose one of {', '.join(SIZINGS)}")
     if task.needs_essays and not essay_words:
         raise ValueError(f"{task.name} hides its needles in essays: pass --haystack_dir DIR of .txt files")
     target = length - task.max_new_tokens
     if target <= 0:
         raise ValueError(f"{length} tokens leave no room beside {task.max_new_tokens} to generate: ask for a longer "
                          "length")  # fmt: skip
+
     if task.kind == "cwe":  # RULER's frequencies; a prompt too short for them gets lower ones (recorded)
         short: list[CweSetting] = [((f, 1), (20, 3, 1)) for f in range(6, 1, -1)]
         short += [((f, 1), None) for f in range(6, 1, -1)]  # far below RULER's lengths: no room for the example
         settings = [((task.common_freq, task.rare_freq), (40, 10, 3))] + short if length >= LONG else short
-        renders = [(_cwe(task, rng(), freq, example), freq, example) for freq, example in settings]
     else:
-        build = {"niah": lambda: _niah(task, rng(), essay_words or []), "vt": lambda: _vt(task, rng(), count_tokens,
-                 length), "fwe": lambda: _fwe(task, rng(), length)}[task.kind]  # fmt: skip
-        renders = [(build(), (0, 0), None)]
-    deviation, error = "", None
-    for i, (render, freq, example) in enumerate(renders):
+        settings = [((0, 0), None)]
 
-        def count(n: int, render: Render = render) -> int:
+    def build(draw: object, setting: CweSetting) -> Render:
+        if task.kind == "cwe":
+            return _cwe(task, rng(draw), *setting)
+        if task.kind == "vt":
+            return _vt(task, rng(draw), count_tokens, length, rng("vt-example"))  # one example layout for all
+        return {"niah": lambda: _niah(task, rng(draw), essay_words or []),
+                "fwe": lambda: _fwe(task, rng(draw), length)}[task.kind]()  # fmt: skip
+
+    def counter(render: Render) -> Callable[[int], int]:
+        def count(n: int) -> int:
             body, prefix, _ = render(n)
             return count_tokens(wrap(body, prefix))
 
+        return count
+
+    def probe_counter(setting: CweSetting) -> Callable[[int, object], int]:
+        """``count(n, draw)``: the tokens of a prompt of ``n`` units drawn with ``draw`` (the size search's probes)."""
+        drawn: dict[object, Render] = {}
+
+        def count(n: int, draw: object) -> int:
+            if draw not in drawn:
+                drawn[draw] = build(draw, setting)
+            return counter(drawn[draw])(n)
+
+        return count
+
+    deviation, error = "", None
+    for i, setting in enumerate(settings):
+        render = build(sample, setting)
+        count = counter(render)
         try:
-            units = largest_fitting(count, target)
+            if sizing == "fill":
+                units = largest_fitting(count, target)
+            else:
+                essay = (len(essay_words), tuple(essay_words[:64])) if essay_words else None
+                key = (task.name, length, seed, i, count_tokens, wrap, essay)
+                if key not in _SEARCHED:
+                    if len(_SEARCHED) >= 1024:  # callers that pass new functions each time: do not grow forever
+                        _SEARCHED.clear()
+                    _SEARCHED[key] = _ruler_search(task, probe_counter(setting), target, length)
+                units = _ruler_units(task, length, target, count, _SEARCHED[key])
         except ValueError as exc:
             error = exc
             continue
         if i:
+            freq, example = setting
+            ruler = settings[0][0]
             deviation = (f"common words x{freq[0]}, others x{freq[1]}{'' if example else ', no worked example'} "
-                         f"(RULER's x{renders[0][1][0]} / x{renders[0][1][1]} do not fit {length} tokens)")  # fmt: skip
+                         f"(RULER's x{ruler[0]} / x{ruler[1]} do not fit {length} tokens)")  # fmt: skip
         body, prefix, answers = render(units)
-        return RulerCase(task.name, length, sample, wrap(body, prefix), answers, task.max_new_tokens, units, deviation)
+        return RulerCase(task.name, length, sample, wrap(body, prefix), answers, task.max_new_tokens, units, deviation,
+                         sizing)  # fmt: skip
     raise ValueError(f"{error} (with {task.max_new_tokens} tokens to generate)")
 
 
