@@ -38,7 +38,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from easy_context.core.documents import local_documents
 from easy_context.core.groups import get_sp_group
 from easy_context.core.registry import checked_documents, get_seq_algo
-from easy_context.hf.attention import attention_calls, make_hf_attention
+from easy_context.hf.attention import attention_calls, make_hf_attention, sp_world
 from easy_context.hf.kv_cache import active_cache
 from easy_context.hf.support import (
     attention_not_called,
@@ -63,11 +63,6 @@ def attention_name(seq_algo: str, **options: Any) -> str:
     if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
         AttentionInterface.register(name, make_hf_attention(seq_algo, **options))
     return name
-
-
-def _sp_world() -> int:
-    """Ranks sharing each sequence (1 without a process group)."""
-    return torch.distributed.get_world_size(get_sp_group()) if torch.distributed.is_initialized() else 1
 
 
 def _padded(mask: torch.Tensor | None) -> bool:
@@ -133,7 +128,7 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
         mask = given.get("attention_mask")
         cache = given.get("cache", given.get("past_key_values"))  # transformers >= 5.2x: ``cache``
         decoding = getattr(active_cache(), "mode", None) == "decode"  # one new token, the same on every rank
-        world = _sp_world() if sharded else 1
+        world = sp_world() if sharded else 1
         if world == 1 and (cache is not None or _padded(mask)):
             module._easy_context_own = True
             module.config._attn_implementation = own
@@ -228,11 +223,12 @@ def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> P
     name = attention_name(seq_algo, **options)
     model.set_attn_implementation(name)
     check_switched(model, seq_algo, name)
+    for module in model.modules():  # attention layers delegate masks built for the model's own attention to it
+        module._easy_context_own_attention = own
     decoder = decoder_of(model)
     for module in {id(m): m for m in (model, decoder)}.values():  # the LM and its decoder
         for handle in getattr(module, "_easy_context_hooks", ()):
             handle.remove()
-        module._easy_context_own_attention = own
         guard, restore = _guard_inputs(seq_algo, options, name, own)
         hooks = [module.register_forward_pre_hook(guard, with_kwargs=True),
                  module.register_forward_hook(restore, with_kwargs=True, always_call=True)]  # fmt: skip
@@ -250,14 +246,26 @@ def _patch_post_init() -> None:
     global _POST_INIT_PATCHED
     if _POST_INIT_PATCHED:
         return
-    original = PreTrainedModel.post_init
+    original_init, original_post_init = PreTrainedModel.__init__, PreTrainedModel.post_init
+
+    def __init__(self: PreTrainedModel, config, *args, **kwargs):
+        requested = getattr(config, "_attn_implementation", None)  # before transformers picks a default
+        original_init(self, config, *args, **kwargs)
+        self._easy_context_requested = requested
 
     def post_init(self: PreTrainedModel, *args, **kwargs):
-        original(self, *args, **kwargs)
+        original_post_init(self, *args, **kwargs)
         patch = _TYPE_PATCHES.get(getattr(self.config, "model_type", None))
-        if patch is not None:
+        if patch is None:
+            return
+        requested = getattr(self, "_easy_context_requested", None)
+        # on one process an attn_implementation asked for by name is the user's choice for this model (the same
+        # numbers either way); under SP every model of the type is switched: another attention would compute each
+        # rank's shard alone (EasyContext's scripts load with attn_implementation="flash_attention_2", then patch)
+        if requested is None or str(requested).startswith("easy_context_") or get_seq_algo(patch[0]).distributed:
             _switch(self, patch[0], patch[1])
 
+    PreTrainedModel.__init__ = __init__
     PreTrainedModel.post_init = post_init
     _POST_INIT_PATCHED = True
 

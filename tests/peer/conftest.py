@@ -5,6 +5,8 @@ from fnmatch import fnmatch
 
 import pytest
 
+from easy_context.hf.attention import attention_calls
+
 # our stand-ins for modules of transformers' tests/ (hf_suite.py imports them); not test files of this suite
 collect_ignore = ["hf_shim"]
 
@@ -31,3 +33,13 @@ def pytest_collection_modifyitems(config, items):
             if fnmatch(key, pattern):
                 item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
                 break
+
+
+@pytest.fixture(autouse=True)
+def _easy_context_attention_calls(request, record_property):
+    """How many times easy_context's attention ran in the test (a junit property tests/peer/table.py reads): a test
+    that asks for transformers' attention by name (attn_implementation="eager") keeps it on one process, so its pass
+    says nothing about ours."""
+    before = attention_calls()
+    yield
+    record_property("easy_context_attention_calls", attention_calls() - before)

@@ -49,36 +49,11 @@ NOT_RUN = {
 
 # Tests that pass with transformers' attention and fail with easy_context's ("family::test" fnmatch patterns), and why
 # (docs/limits.md, "transformers' own tests").
-_PADDING = (
-    "a padding attention_mask (zeros in a row) is refused by the switched model's input guard "
-    "(easy_context/hf/patch.py)"
-)
 EXPECTED_FAILURES: dict[str, str] = {
-    **{f"*::test_{name}": _PADDING for name in (
-        "batching_equivalence", "bc_cache_name_forward", "determinism",
-        "eager_matches_sdpa_inference_09_fp32_pad_left", "eager_matches_sdpa_inference_13_fp32_pad_right",
-        "enable_input_require_grads_with_gradient_checkpointing", "hidden_states_output", "inputs_embeds",
-        "inputs_embeds_matches_input_ids", "left_padded_batch_generate_matches_each_prompt_alone",
-        "model_forward_default_config_values", "save_load", "training",
-        "training_gradient_checkpointing", "training_gradient_checkpointing_use_reentrant_false",
-        "training_gradient_checkpointing_use_reentrant_true",
-    )},
-    "*::test_causal_lm_loss_honors_shift_labels": _PADDING + "; without padding, shift_labels is refused as an "
-    "unknown attention keyword (easy_context/hf/attention.py KNOWN_KWARGS)",
-    "*::test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions": _PADDING + "; without padding, "
-    "output_attentions=True is refused (the attention weights are never materialised)",
-    "*::test_attention_outputs": _PADDING + "; without padding, output_attentions=True is refused",
-    "*::test_retain_grad_hidden_states_attentions": _PADDING + "; without padding, output_attentions set on the "
-    "config returns no attention weights (attentions=(), silently)",
-    "*::test_greedy_generate_matches_transformers_attention": "generate() with the KV cache: each decode step's one "
-    "query token against the cached keys reaches the local kernel, which refuses it (seq_q != seq_k)",
-    "*::test_sliding_window_mask": "reads the attention weights (output_attentions=True) to check the window: "
-    "refused, easy_context never materialises them",
-    "*::test_sdpa_can_dispatch_non_composite_models": "a model type switched with apply_seq_parallel_monkey_patch "
-    "is switched at construction even when attn_implementation='sdpa' is asked for explicitly",
-    "*::test_can_set_attention_dynamically": "a model type switched with apply_seq_parallel_monkey_patch is switched "
-    "at construction even when attn_implementation='sdpa' is asked for explicitly",
-}  # fmt: skip
+    "*::test_sdpa_can_dispatch_non_composite_models": "loads a model without attn_implementation and expects 'sdpa': "
+    "a model type switched with apply_seq_parallel_monkey_patch is easy_context's then (what the type patch is for; "
+    "an explicit attn_implementation= on one process is kept)",
+}
 
 
 class PeerCase:
