@@ -187,7 +187,6 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        _CALLS[0] += 1
         own = getattr(module, "_easy_context_own_attention", None)
         if attention_mask is not None and own is not None and (not sharded or sp_world() == 1):
             # a mask transformers built for the model's own attention (a padded or cached forward on one process,
@@ -195,6 +194,7 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
             fn = own_attention_function(module, own)
             if fn is not None:
                 return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        _CALLS[0] += 1
         check_supported(module, seq_algo, query, attention_mask, dropout, kwargs)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)

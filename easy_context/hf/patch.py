@@ -180,7 +180,7 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
             # shows in the gathered positions: refuse it here (the attention would silently compute other numbers);
             # under a contiguous layout a whole sequence per rank reads as packed documents and is not caught
             checked_documents(algo, position_ids, None, layout_opts)
-        if "use_cache" not in positional:
+        if "use_cache" not in given:  # no cache built unasked (at long lengths it holds every layer's K/V)
             kwargs["use_cache"] = False
         return args, kwargs
 

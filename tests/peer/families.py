@@ -6,7 +6,8 @@ Each family keeps what makes its attention its own: GQA everywhere (4 query head
 shorter than the sequence on the layers that have one (Mistral, Qwen2, Starcoder2, Gemma 2/3, gpt-oss), Gemma 2's logit
 soft-capping, gpt-oss' sinks and experts, Cohere's and Granite's logit scaling, Olmo 2's and Qwen 3's q/k norms.
 Inputs are as transformers' causal-LM testers build them: random ids and a lower-triangular ``attention_mask``
-(the first rows right-padded, the others all ones).
+(the first rows right-padded, the others all ones); all ones when the test case's ``padded`` is False (on one process
+a padding mask sends a forward to the model's own attention: with all ones every forward runs easy_context's).
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ class DecoderTester:
 
     def prepare_config_and_inputs(self):
         input_ids = self._ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
-        attention_mask = torch.tril(torch.ones_like(input_ids))
+        attention_mask = torch.ones_like(input_ids)
+        if getattr(self.parent, "padded", True):
+            attention_mask = torch.tril(attention_mask)
         return self.get_config(), input_ids, attention_mask
 
     def prepare_config_and_inputs_for_common(self):

@@ -31,7 +31,7 @@ def outcomes(junit: Path) -> dict[tuple[str, str, str], tuple[str, str, int]]:
     """(family, side, test) -> (outcome, first line of the failure, calls of easy_context's attention)."""
     results = {}
     for case in ET.parse(junit).iter("testcase"):
-        match = re.match(r"Test(\w+?)(Theirs|Ours)$", case.get("classname", "").rsplit(".", 1)[-1])
+        match = re.match(r"Test(\w+?)(Theirs|OursAllOnes|Ours)$", case.get("classname", "").rsplit(".", 1)[-1])
         if not match:
             continue
         outcome, message, calls = "passed", "", 0
@@ -65,8 +65,9 @@ def main(argv: list[str]) -> int:
         subprocess.run(command, env=env, stdout=subprocess.DEVNULL)
         results = outcomes(junit)
     families = sorted({family for family, _, _ in results})
-    print("| family | run | theirs pass | ours pass | of them through easy_context's | ours fail (by cause) |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    print("| family | run | theirs pass | ours pass | of them through easy_context's | ours fail (by cause) "
+          "| all-ones masks: ours pass / through easy_context's |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
     regressions = collections.defaultdict(list)
     for family in families:
         tests = sorted({t for f, _, t in results if f == family})
@@ -78,6 +79,11 @@ def main(argv: list[str]) -> int:
             count["theirs " + theirs] += 1
             count["ours " + ours] += 1
             count["ours passed through ours"] += ours == "passed" and calls > 0
+            ones, ones_message, ones_calls = results.get((family, "oursallones", test), ("missing", "", 0))
+            count["ones " + ones] += 1
+            count["ones passed through ours"] += ones == "passed" and ones_calls > 0
+            if theirs == "passed" and ones not in ("passed", "missing"):
+                regressions["all-ones masks: " + cause(ones_message)].append((family, test, ones_message[:160]))
             if ours == "passed" and calls == 0 and theirs == "passed":
                 regressions["passes with transformers' attention kept (asked for by name)"].append((family, test, ""))
             if theirs == "failed":
@@ -88,7 +94,10 @@ def main(argv: list[str]) -> int:
         by_cause = ", ".join(f"{c} {n}" for c, n in causes.most_common()) or "-"
         run = len(tests) - count["theirs skipped"]  # a test skipped with their attention is not run
         through = count["ours passed through ours"]
-        print(f"| {family} | {run} | {count['theirs passed']} | {count['ours passed']} | {through} | {by_cause} |")
+        ones = f"{count['ones passed']} / {count['ones passed through ours']}"
+        ones = "-" if count["ones missing"] == len(tests) else ones
+        cells = [family, run, count["theirs passed"], count["ours passed"], through, by_cause, ones]
+        print("| " + " | ".join(map(str, cells)) + " |")
     for name in sorted(regressions):
         print(f"\n## {name}")
         for family, test, message in regressions[name]:
