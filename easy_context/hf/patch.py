@@ -3,14 +3,17 @@
 ``apply_seq_parallel_monkey_patch(seq_algo, model)`` registers our attention function under a name and
 sets it on the model (``model.set_attn_implementation``); no model code is copied or replaced. For
 EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
-that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``).
+that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``); under
+data_parallel one built with ``attn_implementation=`` named keeps it (on one process that is the user's choice, under
+SP another attention would compute each shard alone).
 
 A model whose config asks for attention weights (``output_attentions``) is refused when switched and at every forward
 (transformers does not pass the config's flag to the attention function). On one process (data parallel, or an SP
 group of one) a forward that carries transformers' KV cache (``generate()``: prefill and decode steps) or a padding
 ``attention_mask`` runs the model's own attention for that forward: transformers builds masks and caches only for its
 own implementations, and gives its own numbers (with a padding mask its rules apply: position ids that restart do not
-mask documents). Under SP a forward pre-hook guards what the attention function cannot see: a padding
+mask documents); such a mask reaching easy_context's attention later (gradient checkpointing's recompute) goes to the
+model's own attention function too. Under SP a forward pre-hook guards what the attention function cannot see: a padding
 ``attention_mask`` (transformers drops masks for custom attention names) becomes documents when it pads on the left
 or the right (:func:`_padding_as_documents`, exact) and is refused with zeros between real tokens; missing
 ``position_ids`` (each rank must pass the global positions of its shard), ``labels=`` on a shard (transformers' loss
