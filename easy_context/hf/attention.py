@@ -21,6 +21,7 @@ every layer receives). Flash-attention's ``cu_seq_lens_q``/``cu_seq_lens_k`` (tr
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -156,9 +157,25 @@ def _layer_key(module: torch.nn.Module) -> int:
     return int(layer) if layer is not None else id(module)
 
 
+def sp_world() -> int:
+    """Ranks sharing each sequence (1 without a process group)."""
+    return dist.get_world_size(get_sp_group()) if dist.is_initialized() else 1
+
+
+def own_attention_function(module: torch.nn.Module, own: str) -> Callable[..., Any] | None:
+    """The attention function the model of ``module`` had before it was switched (``own``: its implementation name):
+    transformers' registered one, or the modeling file's ``eager_attention_forward`` for ``eager``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if own == "eager":
+        return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return ALL_ATTENTION_FUNCTIONS[own] if own in ALL_ATTENTION_FUNCTIONS.valid_keys() else None
+
+
 def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
     """The transformers attention function for ``seq_algo`` (``options``: kernel, ring_degree, ...)."""
     attn = get_attn_func(seq_algo, **options)
+    sharded = get_seq_algo(seq_algo).distributed
 
     def easy_context_attention(
         module: torch.nn.Module,
@@ -170,6 +187,13 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        own = getattr(module, "_easy_context_own_attention", None)
+        if attention_mask is not None and own is not None and (not sharded or sp_world() == 1):
+            # a mask transformers built for the model's own attention (a padded or cached forward on one process,
+            # recomputed by gradient checkpointing after the forward switched back): the model's own numbers
+            fn = own_attention_function(module, own)
+            if fn is not None:
+                return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         _CALLS[0] += 1
         check_supported(module, seq_algo, query, attention_mask, dropout, kwargs)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))

@@ -3,14 +3,17 @@
 ``apply_seq_parallel_monkey_patch(seq_algo, model)`` registers our attention function under a name and
 sets it on the model (``model.set_attn_implementation``); no model code is copied or replaced. For
 EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
-that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``).
+that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``); under
+data_parallel one built with ``attn_implementation=`` named keeps it (on one process that is the user's choice, under
+SP another attention would compute each shard alone).
 
 A model whose config asks for attention weights (``output_attentions``) is refused when switched and at every forward
 (transformers does not pass the config's flag to the attention function). On one process (data parallel, or an SP
 group of one) a forward that carries transformers' KV cache (``generate()``: prefill and decode steps) or a padding
 ``attention_mask`` runs the model's own attention for that forward: transformers builds masks and caches only for its
 own implementations, and gives its own numbers (with a padding mask its rules apply: position ids that restart do not
-mask documents). Under SP a forward pre-hook guards what the attention function cannot see: a padding
+mask documents); such a mask reaching easy_context's attention later (gradient checkpointing's recompute) goes to the
+model's own attention function too. Under SP a forward pre-hook guards what the attention function cannot see: a padding
 ``attention_mask`` (transformers drops masks for custom attention names) becomes documents when it pads on the left
 or the right (:func:`_padding_as_documents`, exact) and is refused with zeros between real tokens; missing
 ``position_ids`` (each rank must pass the global positions of its shard), ``labels=`` on a shard (transformers' loss
@@ -38,7 +41,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from easy_context.core.documents import local_documents
 from easy_context.core.groups import get_sp_group
 from easy_context.core.registry import checked_documents, get_seq_algo
-from easy_context.hf.attention import attention_calls, make_hf_attention
+from easy_context.hf.attention import attention_calls, make_hf_attention, sp_world
 from easy_context.hf.kv_cache import active_cache
 from easy_context.hf.support import (
     attention_not_called,
@@ -63,11 +66,6 @@ def attention_name(seq_algo: str, **options: Any) -> str:
     if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
         AttentionInterface.register(name, make_hf_attention(seq_algo, **options))
     return name
-
-
-def _sp_world() -> int:
-    """Ranks sharing each sequence (1 without a process group)."""
-    return torch.distributed.get_world_size(get_sp_group()) if torch.distributed.is_initialized() else 1
 
 
 def _padded(mask: torch.Tensor | None) -> bool:
@@ -133,7 +131,7 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
         mask = given.get("attention_mask")
         cache = given.get("cache", given.get("past_key_values"))  # transformers >= 5.2x: ``cache``
         decoding = getattr(active_cache(), "mode", None) == "decode"  # one new token, the same on every rank
-        world = _sp_world() if sharded else 1
+        world = sp_world() if sharded else 1
         if world == 1 and (cache is not None or _padded(mask)):
             module._easy_context_own = True
             module.config._attn_implementation = own
@@ -185,7 +183,7 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
             # shows in the gathered positions: refuse it here (the attention would silently compute other numbers);
             # under a contiguous layout a whole sequence per rank reads as packed documents and is not caught
             checked_documents(algo, position_ids, None, layout_opts)
-        if "use_cache" not in positional:
+        if "use_cache" not in given:  # no cache built unasked (at long lengths it holds every layer's K/V)
             kwargs["use_cache"] = False
         return args, kwargs
 
@@ -228,11 +226,12 @@ def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> P
     name = attention_name(seq_algo, **options)
     model.set_attn_implementation(name)
     check_switched(model, seq_algo, name)
+    for module in model.modules():  # attention layers delegate masks built for the model's own attention to it
+        module._easy_context_own_attention = own
     decoder = decoder_of(model)
     for module in {id(m): m for m in (model, decoder)}.values():  # the LM and its decoder
         for handle in getattr(module, "_easy_context_hooks", ()):
             handle.remove()
-        module._easy_context_own_attention = own
         guard, restore = _guard_inputs(seq_algo, options, name, own)
         hooks = [module.register_forward_pre_hook(guard, with_kwargs=True),
                  module.register_forward_hook(restore, with_kwargs=True, always_call=True)]  # fmt: skip
@@ -250,14 +249,26 @@ def _patch_post_init() -> None:
     global _POST_INIT_PATCHED
     if _POST_INIT_PATCHED:
         return
-    original = PreTrainedModel.post_init
+    original_init, original_post_init = PreTrainedModel.__init__, PreTrainedModel.post_init
+
+    def __init__(self: PreTrainedModel, config, *args, **kwargs):
+        requested = getattr(config, "_attn_implementation", None)  # before transformers picks a default
+        original_init(self, config, *args, **kwargs)
+        self._easy_context_requested = requested
 
     def post_init(self: PreTrainedModel, *args, **kwargs):
-        original(self, *args, **kwargs)
+        original_post_init(self, *args, **kwargs)
         patch = _TYPE_PATCHES.get(getattr(self.config, "model_type", None))
-        if patch is not None:
+        if patch is None:
+            return
+        requested = getattr(self, "_easy_context_requested", None)
+        # on one process an attn_implementation asked for by name is the user's choice for this model (the same
+        # numbers either way); under SP every model of the type is switched: another attention would compute each
+        # rank's shard alone (EasyContext's scripts load with attn_implementation="flash_attention_2", then patch)
+        if requested is None or str(requested).startswith("easy_context_") or get_seq_algo(patch[0]).distributed:
             _switch(self, patch[0], patch[1])
 
+    PreTrainedModel.__init__ = __init__
     PreTrainedModel.post_init = post_init
     _POST_INIT_PATCHED = True
 

@@ -120,3 +120,69 @@ def test_any_padding_mask_matches_transformers_on_one_process(model_type):
     torch.testing.assert_close(logits[real], reference[real], rtol=1e-6, atol=1e-6)
     model(ids)
     assert attention_calls() > calls
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_padded_training_with_gradient_checkpointing_matches_transformers(model_type):
+    """Gradient checkpointing recomputes a padded forward after the switched model went back to easy_context's
+    attention: the recompute's mask (built for the model's own attention) goes to the model's own attention function,
+    so the loss and every gradient are transformers' (1e-5 relative); the recompute did not run easy_context's math."""
+    from easy_context.hf.attention import attention_calls
+
+    ids, mask = _left_padded(rows=3, width=12)
+    labels = ids.masked_fill(mask == 0, -100)
+    reference = tiny_model(model_type).train()
+    model = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model(model_type).train(), kernel="math")
+    for m in (reference, model):
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    want = reference(ids, attention_mask=mask, labels=labels).loss
+    want.backward()
+    calls = attention_calls()
+    got = model(ids, attention_mask=mask, labels=labels).loss
+    got.backward()
+    assert attention_calls() == calls
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_type_patch_keeps_an_explicit_attention_on_one_process_only():
+    """A data_parallel type patch switches models built without attn_implementation and keeps one asked for by name
+    (the same numbers either way); an SP type patch switches every model of the type (another attention would compute
+    each rank's shard alone: EasyContext's scripts load with attn_implementation="flash_attention_2", then patch)."""
+    from unittest import mock
+
+    from transformers import AutoModelForCausalLM
+
+    from easy_context.hf import patch as hf_patch
+    from tests.support.models import tiny_config
+
+    with mock.patch.dict(hf_patch._TYPE_PATCHES):
+        ec.apply_seq_parallel_monkey_patch("data_parallel", "llama", kernel="math")
+        assert AutoModelForCausalLM.from_config(tiny_config("llama")).config._attn_implementation.startswith(
+            "easy_context_data_parallel"
+        )
+        kept = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="eager")
+        assert kept.config._attn_implementation == "eager"
+        ec.apply_seq_parallel_monkey_patch("zigzag_ring_attn", "llama")
+        switched = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="eager")
+        assert switched.config._attn_implementation.startswith("easy_context_zigzag_ring_attn")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_use_cache_asked_for_returns_transformers_cache(model_type):
+    """use_cache=True on a switched model (one process, no cache passed) returns the cache transformers fills during
+    the forward (easy_context's attention computes the forward); its keys and values are transformers' own. Unasked,
+    no cache is built (at long lengths it would hold every layer's K/V)."""
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    reference = tiny_model(model_type)(ids, use_cache=True)
+    model = ec.apply_seq_parallel_monkey_patch("data_parallel", tiny_model(model_type), kernel="math")
+    out = model(ids, use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    want = getattr(reference, "cache", None) or reference.past_key_values
+    assert cache is not None and cache.get_seq_length() == 9
+    for got_layer, want_layer in zip(cache.layers, want.layers):
+        torch.testing.assert_close(got_layer.keys, want_layer.keys, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.logits, reference.logits, rtol=1e-5, atol=1e-6)
+    unasked = model(ids)
+    assert (getattr(unasked, "cache", None) or unasked.past_key_values) is None
