@@ -5,6 +5,7 @@ with ours, grouped by cause (read from the error it raised)."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import re
@@ -46,6 +47,8 @@ def outcomes(junit: Path) -> dict[tuple[str, str, str], tuple[str, str, int]]:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.peer.table", description=__doc__)
+    _, argv = parser.parse_known_args(argv)  # -h prints this; every other argument goes to pytest
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "peer.xml"
         env = {**os.environ, "EC_PEER_RAW": "1"}
