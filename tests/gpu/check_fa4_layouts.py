@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 
@@ -28,27 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from easy_context.kernels.fa4 import FA4  # noqa: E402
 from easy_context.kernels.math_ref import MATH  # noqa: E402
+from tests.gpu.report import Report, rel  # noqa: E402
 
 DEV = "cuda"
 TOL = 2e-2  # bf16, relative to the largest reference entry
-RESULTS: list[dict] = []
+REPORT = Report()
+record = REPORT.record
 GEMMA3_270M = dict(
     model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
     num_key_value_heads=1, head_dim=256, sliding_window=512, query_pre_attn_scalar=256, vocab_size=262144,
     max_position_embeddings=32768, rope_parameters={"full_attention": {"rope_theta": 1e6, "rope_type": "default"},
                                                     "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}},
 )  # fmt: skip
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def record(name: str, ok: bool, required: bool = True, **info) -> None:
-    RESULTS.append(dict(name=name, ok=bool(ok), required=required, **info))
-    detail = " ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items())
-    print(f"{'PASS' if ok else 'FAIL'}{'' if required else ' (info)'} {name}: {detail}", flush=True)
 
 
 def as_transformers_view(x: torch.Tensor) -> torch.Tensor:
@@ -116,16 +106,7 @@ def main() -> int:
         print("check_fa4_layouts.py needs a CUDA GPU", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    for name, check in {"layouts": check_layouts, "gemma": check_gemma}.items():
-        try:
-            check()
-        except Exception as exc:  # one failing group still lets the others report
-            record(f"exception/{name}", False, error=f"{type(exc).__name__}: {exc}"[:600])
-    failed = [r["name"] for r in RESULTS if r["required"] and not r["ok"]]
-    print(f"{len(RESULTS)} checks, {len(failed)} required failed: {failed}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
-    return 1 if failed else 0
+    return REPORT.run({"layouts": check_layouts, "gemma": check_gemma}, args.json)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Exit status 0 only when every required check passes. Not collected by pytest (CP
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -39,21 +38,12 @@ from easy_context.core.windows import window_blocks  # noqa: E402
 from easy_context.kernels import KERNELS, get_kernel, kernel_works  # noqa: E402
 from easy_context.kernels.flex import FLEX  # noqa: E402
 from easy_context.kernels.math_ref import MATH  # noqa: E402
+from tests.gpu.report import Report, rel  # noqa: E402
 
 DEV = "cuda"
 TOL = {torch.bfloat16: 2e-2, torch.float32: 2e-3}  # relative to the largest reference entry; LSE: absolute
-RESULTS: list[dict] = []
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def record(name: str, ok: bool, required: bool = True, **info) -> None:
-    RESULTS.append(dict(name=name, ok=bool(ok), required=required, **info))
-    detail = " ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items())
-    print(f"{'PASS' if ok else 'FAIL'}{'' if required else ' (info)'} {name}: {detail}", flush=True)
+REPORT = Report()
+record = REPORT.record
 
 
 def rand(*shape, dtype, seed):
@@ -188,16 +178,7 @@ def main() -> int:
               "ring/bf16": lambda: check_ring(torch.bfloat16), "ring/fp32": lambda: check_ring(torch.float32),
               "auto": check_auto, "recompiles": check_recompiles,
               "timing": lambda: time_window(args.seq) if args.seq else None}  # fmt: skip
-    for name, check in groups.items():
-        try:
-            check()
-        except Exception as exc:  # one failing group still lets the others report
-            record(f"exception/{name}", False, error=f"{type(exc).__name__}: {exc}"[:400])
-    failed = [r["name"] for r in RESULTS if r["required"] and not r["ok"]]
-    print(f"{len(RESULTS)} checks, {len(failed)} required failed: {failed}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
-    return 1 if failed else 0
+    return REPORT.run(groups, args.json)
 
 
 if __name__ == "__main__":
