@@ -14,7 +14,8 @@
 # train_scripts/extend.sh). SEED_EVALS=FILE.tgz: the evaluations of an earlier run or hold of the same model and
 # prompts, extracted into the work folder before the pipeline starts (their done markers skip them; SEED_MEMBERS:
 # which folders of it, default all); SEED_RULER=FILE: the base's RULER results (the threshold of the others');
-# ATTN_BENCH="bench/attention.py flags": the attention kernels alone on the model's shape while the GPU idles.
+# ATTN_BENCH="bench/attention.py flags": the attention kernels alone on the model's shape while the GPU idles;
+# FA4_CHECK=1: tests/gpu/check_fa4_layouts.py before the pipeline (~3 min), its failure sets EVAL_KERNEL=flex.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RECIPE=${1:?usage: bash gpu_runs/h200_extend.sh RECIPE.yaml stash N | start | wait SECONDS | collect | speed}
@@ -45,6 +46,11 @@ start)
     export PYTHONPATH=/tmp/sc:$PWD
     python3 -c "import gguf, datasets; from flash_attn.cute import flash_attn_func; print('gguf, datasets, fa4: ok')"
     mkdir -p "$WORK/results"
+    if [ -n "${FA4_CHECK:-}" ]; then # fa4 on transformers' layouts first: its failure sends the evaluations to flex
+        timeout 300 python3 tests/gpu/check_fa4_layouts.py --json "$WORK/results/fa4_layouts.json" 2>&1 |
+            grep -v -e Warning -e generate_mlir
+        [ "${PIPESTATUS[0]}" = 0 ] || { echo "fa4 layouts check failed: EVAL_KERNEL=flex"; export EVAL_KERNEL=flex; }
+    fi
     if [ -n "${SEED_EVALS:-}" ]; then # an earlier hold's evaluations: skipped here, in the summary
         # shellcheck disable=SC2086
         tar xzf "$SEED_EVALS" -C "$WORK" ${SEED_MEMBERS:-} && rm -rf "$WORK"/eval/*/ruler && ls "$WORK/eval"
@@ -72,7 +78,7 @@ wait)
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
 collect) # the summary files, and one tar of every evaluation, log and training metric (also of a cut run)
-    cp "$WORK"/results/summary.* "$WORK"/results/*.png "$WORK"/results/attention_*.json "$WORK/run.log" \
+    cp "$WORK"/results/summary.* "$WORK"/results/*.png "$WORK"/results/attention_*.json "$WORK"/results/fa4_layouts.json "$WORK/run.log" \
         "$WORK/attention.log" "$OUT"/ 2>/dev/null
     (cd "$WORK" && tar czf "$OUT/work.tgz" --exclude='*.safetensors' --exclude='state-step*' results eval logs \
         $(ls -d {stage*,extended*}/{metrics.jsonl,run_config.json,config.json} control/metrics.jsonl 2>/dev/null))
