@@ -207,8 +207,11 @@ def load_gguf_model(name: str, dtype: torch.dtype = torch.bfloat16, *, config=No
 
 
 def load_gguf_tokenizer(name: str):
-    """The tokenizer stored in a GGUF file's metadata (``tokenizer.ggml.*``), as a transformers fast tokenizer."""
+    """The tokenizer stored in a GGUF file's metadata (``tokenizer.ggml.*``), as a transformers fast tokenizer: Gemma's
+    rebuilt here (:mod:`easy_context.models.gguf_tokenizer`), the others converted by transformers."""
     from transformers import AutoTokenizer
+
+    from easy_context.models.gguf_tokenizer import build_gemma_tokenizer, needs_own_tokenizer, read_tokenizer_fields
 
     info = check_gguf(name)
     if not info.has_tokenizer:
@@ -217,6 +220,9 @@ def load_gguf_tokenizer(name: str):
             "(a tokenizer folder or hub id, e.g. the original model's)"
         )
     folder, filename = split_gguf(name)
+    fields = read_tokenizer_fields(gguf_file(name))
+    if needs_own_tokenizer(fields, info.architecture):  # transformers' conversion of these depends on its version
+        return build_gemma_tokenizer(fields)
     with _explain(name, info):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     # the file's own special-token ids win (transformers 5.17 read SmolLM2's eos as its bos, <|im_start|>)
