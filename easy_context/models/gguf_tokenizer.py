@@ -36,11 +36,12 @@ def needs_own_tokenizer(fields: dict[str, Any], architecture: str) -> bool:
 
 
 def read_tokenizer_fields(path: str) -> dict[str, Any]:
-    """Every ``tokenizer.ggml.*`` field of a GGUF file as plain Python values."""
+    """Every ``tokenizer.*`` field of a GGUF file (``tokenizer.ggml.*``, ``tokenizer.chat_template``) as plain
+    Python values."""
     from easy_context.models.gguf import require_gguf
 
     reader = require_gguf().GGUFReader(path)
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.ggml.")}
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
 def bpe_merges(pieces: list[str | None]) -> list[tuple[str, str]]:
@@ -97,4 +98,7 @@ def build_gemma_tokenizer(fields: dict[str, Any]):
             single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
         )
     special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad), ("unk_token", unk)) if v}
-    return PreTrainedTokenizerFast(tokenizer_object=core, **special)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, **special)
+    if fields.get("tokenizer.chat_template"):
+        tokenizer.chat_template = fields["tokenizer.chat_template"]
+    return tokenizer

@@ -74,6 +74,7 @@ def write_gemma_gguf(path: Path, pieces: list[str], architecture: str = "gemma3"
     writer.add_unk_token_id(pieces.index("<unk>"))
     writer.add_pad_token_id(pieces.index("<pad>"))
     writer.add_add_bos_token(True)
+    writer.add_chat_template("{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -97,6 +98,8 @@ def test_gemma_gguf_tokenizer_cuts_text_as_the_tokenizer_it_was_written_from(tra
     ids = tok("emoji 🙂")["input_ids"]
     assert {pieces.index(f"<0x{b:02X}>") for b in "🙂".encode()} <= set(ids)  # byte fallback, not <unk>
     assert len(tok("<start_of_turn>")["input_ids"]) == 2  # <bos> and the control piece, whole
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert chat == "<start_of_turn>hi<end_of_turn>"  # the file's template
 
 
 def test_gemma_gguf_tokenizer_does_not_use_transformers_conversion(trained, tmp_path, monkeypatch):
