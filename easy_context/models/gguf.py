@@ -211,7 +211,7 @@ def load_gguf_tokenizer(name: str):
     rebuilt here (:mod:`easy_context.models.gguf_tokenizer`), the others converted by transformers."""
     from transformers import AutoTokenizer
 
-    from easy_context.models.gguf_tokenizer import build_gemma_tokenizer, needs_own_tokenizer, read_tokenizer_fields
+    from easy_context.models.gguf_tokenizer import build_gemma_tokenizer, needs_own_tokenizer
 
     info = check_gguf(name)
     if not info.has_tokenizer:
@@ -230,6 +230,13 @@ def load_gguf_tokenizer(name: str):
         if 0 <= token_id < len(tokenizer) and getattr(tokenizer, f"{attr}_id", None) != token_id:
             setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
     return tokenizer
+
+
+def read_tokenizer_fields(path: str) -> dict:
+    """Every ``tokenizer.*`` field of a GGUF file (``tokenizer.ggml.*``, ``tokenizer.chat_template``) as plain
+    Python values."""
+    reader = require_gguf().GGUFReader(path)
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
 def _ggufs(folder: str) -> list[str]:

@@ -35,15 +35,6 @@ def needs_own_tokenizer(fields: dict[str, Any], architecture: str) -> bool:
     )
 
 
-def read_tokenizer_fields(path: str) -> dict[str, Any]:
-    """Every ``tokenizer.*`` field of a GGUF file (``tokenizer.ggml.*``, ``tokenizer.chat_template``) as plain
-    Python values."""
-    from easy_context.models.gguf import require_gguf
-
-    reader = require_gguf().GGUFReader(path)
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-
-
 def bpe_merges(pieces: list[str | None]) -> list[tuple[str, str]]:
     """The merges a vocabulary in merge order implies: every split of a piece into two pieces of the vocabulary,
     ranked by the piece's position, then by the parts' positions. ``pieces``: the vocabulary by id (None: a piece
@@ -60,7 +51,8 @@ def bpe_merges(pieces: list[str | None]) -> list[tuple[str, str]]:
 
 
 def build_gemma_tokenizer(fields: dict[str, Any]):
-    """A transformers fast tokenizer of a Gemma GGUF's vocabulary (``fields``: :func:`read_tokenizer_fields`)."""
+    """A transformers fast tokenizer of a Gemma GGUF's vocabulary (``fields``: the file's ``tokenizer.*`` metadata,
+    :func:`easy_context.models.gguf.read_tokenizer_fields`)."""
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
