@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     if args.write_recipe:
         header = (f"derived by python -m easy_context.extend --model {args.model} --to {args.to} --gpus {args.gpus} "
-                  f"--gpu-mem {args.gpu_mem}: each comment says where its value came from (docs/extension.md)")  # fmt: skip
+                  f"--gpu-mem {args.gpu_mem}: each comment says where its value came from")  # fmt: skip
         path = derived.recipe.write(args.write_recipe, header)
         print(f"recipe: {path}")
     if args.dry_run or not args.write_recipe:
