@@ -73,3 +73,28 @@ def min_rope_base(
         base *= ratio
     raise ValueError(f"no RoPE base in [{low:g}, {high:g}] keeps the decay bound for {length} tokens at rotary_dim "
                      f"{rotary_dim}")  # fmt: skip
+
+
+# min_rope_base(d, L, stable=True) to 3 significant figures for (rotary dim, length): the scan takes from seconds
+# (d 64, 32K) to many minutes (d 128, 1M) on CPU, so a derived recipe looks the bound up here first.
+# bench/rope_base_table.py computes entries; tests/unit/test_extend_derive.py checks the fast ones against the scan.
+STABLE_BOUNDS: dict[tuple[int, int], float] = {
+    (128, 8192): 1.80e5,
+    (128, 32768): 2.80e6,
+    (64, 32768): 2.69e7,
+    (64, 65536): 1.36e8,
+    (256, 131072): 7.71e6,
+    (256, 262144): 8.99e6,
+    (128, 131072): 2.28e7,
+    (128, 262144): 4.84e7,
+    (128, 1048576): 1.31e9,
+}
+
+
+def stable_rope_base(rotary_dim: int, length: int) -> tuple[float, str]:
+    """``min_rope_base(rotary_dim, length, stable=True)`` and how it was found: from :data:`STABLE_BOUNDS` at the
+    smallest tabled length >= ``length`` (a base that holds to a longer length holds to this one), else the scan."""
+    tabled = sorted(n for d, n in STABLE_BOUNDS if d == rotary_dim and n >= length)
+    if tabled:
+        return STABLE_BOUNDS[(rotary_dim, tabled[0])], f"tabled for rotary dim {rotary_dim} at {tabled[0]} tokens"
+    return min_rope_base(rotary_dim, length, stable=True), f"scanned for rotary dim {rotary_dim} at {length} tokens"

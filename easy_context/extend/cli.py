@@ -1,0 +1,72 @@
+"""``python -m easy_context.extend`` (the ``easy-context-extend`` console script): derive a model's extension recipe
+for the hardware, write it, and (``--dry-run``) print each stage's train.py command, tokens, and the planner's memory
+and time estimate, running nothing."""
+
+from __future__ import annotations
+
+import sys
+
+from easy_context.cli import ArgumentParser
+from easy_context.extend.derive import MFU, Derived, derive
+from easy_context.extend.recipe import format_length, parse_length
+from easy_context.models.shapes import GB
+
+
+def build_parser() -> ArgumentParser:
+    """The parser of :func:`main`; --gpus, --gpu-mem and --host-mem as the planner spells them."""
+    ap = ArgumentParser(
+        prog="python -m easy_context.extend",
+        description="Derive the recipe that extends a model's context on this hardware (docs/extension.md).",
+    )
+    ap.add_argument("--model", required=True, help="a model folder or its config.json (a hub id in the local cache)")
+    ap.add_argument("--to", required=True, metavar="LENGTH", help="the target length: 262144, 256K or 1M")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs in all")
+    ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
+    ap.add_argument("--host-mem", default="1TB", help="per node")
+    ap.add_argument("--write-recipe", metavar="OUT.yaml", default=None, help="write the derived recipe here")
+    ap.add_argument("--dry-run", action="store_true", help="print the stages and their commands; run nothing")
+    return ap
+
+
+def describe(derived: Derived) -> str:
+    """The stages as text: each one's train.py command, tokens, and the planner's bytes and time estimate."""
+    r = derived.recipe
+    lines = [f"{r.run_name}: {format_length(derived.native)} -> {format_length(r.target)} on {derived.hardware}; "
+             f"RoPE base {r.rope_theta:.3g}, peak LR {r.learning_rate:g}"]  # fmt: skip
+    total_s = 0.0
+    for i, (stage, plan) in enumerate(zip(r.all_stages, derived.plans)):
+        total_s += plan.seconds
+        name = "main" if i == len(derived.plans) - 1 else f"stage {i + 1}"
+        lines.append(
+            f"  {name}: {format_length(plan.seq_length)} x {plan.steps} steps = {plan.tokens / 1e6:.1f}M tokens; "
+            f"{plan.gpu_bytes / GB:.1f} GB a GPU, {plan.host_bytes / GB:.1f} GB host ({plan.optim}, {plan.config}); "
+            f"~{plan.step_seconds:.1f} s/step, ~{plan.seconds / 3600:.2f} h"
+        )
+        lines.append(f"    train.py --model MODEL --rope-theta {r.rope_theta:g} --max-train-steps {stage.steps} "
+                     f"--learning-rate {stage.learning_rate or r.learning_rate:g} {plan.train_flags}")  # fmt: skip
+    lines.append(f"  in all: {sum(p.tokens for p in derived.plans) / 1e6:.1f}M tokens, ~{total_s / 3600:.2f} h "
+                 f"(time at {MFU:.0%} of dense bf16 peak; nothing was run)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Derive, write (--write-recipe), print (--dry-run); a bad input exits 2 with one line naming the fix."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        derived = derive(args.model, parse_length(args.to), gpus=args.gpus, gpu_mem=args.gpu_mem,
+                         host_mem=args.host_mem)  # fmt: skip
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.write_recipe:
+        header = (f"derived by python -m easy_context.extend --model {args.model} --to {args.to} --gpus {args.gpus} "
+                  f"--gpu-mem {args.gpu_mem}: each comment says where its value came from")  # fmt: skip
+        path = derived.recipe.write(args.write_recipe, header)
+        print(f"recipe: {path}")
+    if args.dry_run or not args.write_recipe:
+        print(describe(derived))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
