@@ -343,14 +343,22 @@ def pipeline_shell(recipe: dict[str, Any], micro: bool = False) -> str:
             raise ValueError(f"{PIPELINE_KEY}: {key!r} is not a usable setting name (letters, digits, _)")
         lines.append(f'[ -n "${{{name}+set}}" ] || {name}={_shell_word(value)}')
     lines.append("STAGE_SEQ=() STAGE_STEPS=() STAGE_FLAGS=()")
-    for i, stage in enumerate(stages):
+    for seq, steps, tokens in pipeline_stages({"stages": stages}):
+        lines.append(f"STAGE_SEQ+=({seq}) STAGE_STEPS+=({steps}) STAGE_FLAGS+=({_shell_word(' '.join(tokens))})")
+    return "\n".join(lines) + "\n"
+
+
+def pipeline_stages(settings: dict[str, Any]) -> list[tuple[int, int, list[str]]]:
+    """(seq-length, max-train-steps, train.py flags as tokens) of each of :func:`pipeline_settings`' ``stages``
+    (the stages trained before the main one); ValueError naming a stage that lacks either."""
+    out = []
+    for i, stage in enumerate(settings.get("stages") or []):
         if not isinstance(stage, dict) or not {"seq-length", "max-train-steps"} <= {k.replace("_", "-") for k in stage}:
             raise ValueError(f"{PIPELINE_KEY}: stages[{i}]: expected a mapping of train.py flags with seq-length and "
                              f"max-train-steps, got {stage!r}")  # fmt: skip
         flags = {k.replace("_", "-"): v for k, v in stage.items()}
-        lines.append(f"STAGE_SEQ+=({int(flags['seq-length'])}) STAGE_STEPS+=({int(flags['max-train-steps'])}) "
-                     f"STAGE_FLAGS+=({_shell_word(' '.join(_flag_tokens(flags)))})")  # fmt: skip
-    return "\n".join(lines) + "\n"
+        out.append((int(flags["seq-length"]), int(flags["max-train-steps"]), _flag_tokens(flags)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

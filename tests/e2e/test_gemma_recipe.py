@@ -36,6 +36,12 @@ TINY_GEMMA3 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, n
 
 RECORDER = """#!{python}
 import json, os, sys
+if sys.argv[1:3] == ["-m", "easy_context.extend.pipeline"]:  # extend.sh's launch of the pipeline: the real one
+    import runpy
+    sys.path.insert(0, os.environ["ROOT"])
+    sys.argv = [sys.argv[2], *sys.argv[3:]]
+    runpy.run_module("easy_context.extend.pipeline", run_name="__main__", alter_sys=True)
+    sys.exit(0)
 with open(os.environ["RECORD"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
 if sys.argv[1:2] == ["easy_context/training/recipe.py"]:  # the settings: the real ones

@@ -1,0 +1,135 @@
+"""The stage runner of the extension pipeline: each stage a command whose output goes to ``WORK/logs/NAME.log`` and
+whose exit status and seconds go to ``RESULTS/stages.tsv``; work beside the training in background threads; and the
+decisions about a training run's output folder (the newest saved state, whether it reached its steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# run by the pipeline's interpreter (PY: the run's own environment) after each training chunk: exit 0 when the run's
+# metrics reached the step count (training_finished is the same test in this process)
+FINISHED_SCRIPT = """import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.strip()]
+sys.exit(0 if rows and rows[-1]["step"] >= int(sys.argv[2]) else 1)
+"""
+
+
+def training_finished(out: str | Path, steps: int) -> bool:
+    """Whether the run in ``out`` logged step ``steps`` (its last metrics row), as FINISHED_SCRIPT decides."""
+    try:
+        lines = Path(out, "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return False
+    return bool(rows) and rows[-1].get("step", 0) >= int(steps)
+
+
+def _version_key(text: str) -> list[Any]:
+    """``sort -V``'s order for names that differ in their numbers: state-step10 after state-step9."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)]
+
+
+def newest_state(out: str | Path) -> str | None:
+    """The newest ``state-step*`` saved in ``out`` (by its step number), or None: where a chunked run resumes."""
+    folder = Path(out)
+    if not folder.is_dir():
+        return None
+    states = sorted((p.name for p in folder.glob("state-step*")), key=_version_key)
+    return str(Path(out) / states[-1]) if states else None
+
+
+def last_lines(path: str | Path, count: int = 3) -> list[str]:
+    """The last ``count`` non-blank lines of a log (carriage returns as line ends: progress bars)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    lines = [line for line in text.replace("\r", "\n").split("\n") if line.strip()]
+    return lines[-count:]
+
+
+class StageRunner:
+    """Runs the pipeline's commands, logs their start and end, and records each in stages.tsv (thread-safe: the
+    evaluations run beside the training)."""
+
+    def __init__(self, logs: str | Path, stages_tsv: str | Path, env: Mapping[str, str],
+                 echo: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.logs = Path(logs)
+        self.stages_tsv = Path(stages_tsv)
+        self.env = dict(env)
+        self.start = time.time()
+        self._lock = threading.Lock()
+        self._echo = echo or (lambda line: print(line, flush=True))
+
+    def log(self, message: str) -> None:
+        """``[N s] message``: N seconds since the pipeline started."""
+        with self._lock:
+            self._echo(f"[{int(time.time() - self.start)} s] {message}")
+
+    def run(self, name: str, command: Sequence[str], stdin: str | None = None,
+            env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+        """Run ``command`` as stage ``name``: its output into logs/NAME.log, its exit status returned and recorded
+        with its seconds in stages.tsv, the log's last lines echoed."""
+        self.log(f"{name}: start")
+        t0 = time.time()
+        log_path = self.logs / f"{name}.log"
+        try:
+            with open(log_path, "wb") as log:
+                full_env = {**self.env, **(env or {})}
+                rc = subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                    input=None if stdin is None else stdin.encode(),
+                                    stdin=subprocess.DEVNULL if stdin is None else None).returncode  # fmt: skip
+        except OSError as exc:  # not executable: recorded like a failed command
+            log_path.write_text(f"{command[0]}: {exc}\n")
+            rc = 127
+        seconds = int(time.time() - t0)
+        with self._lock:
+            with open(self.stages_tsv, "a") as tsv:
+                tsv.write(f"{name}\t{rc}\t{seconds}\n")
+        self.log(f"{name}: rc {rc} after {seconds} s")
+        tail = last_lines(log_path)
+        if tail:
+            with self._lock:
+                for line in tail:
+                    self._echo(f"    {name}| {line}")
+        return rc
+
+
+class Background:
+    """Work started beside the pipeline's main line (evaluations, data packing): threads that can be waited for."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def start(self, work: Callable[[], Any], name: str = "") -> threading.Thread:
+        def body() -> None:
+            try:
+                work()
+            except Exception as exc:  # a background job's failure must not stop the others; say why it ended
+                print(f"{name or 'background'}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return thread
+
+    def wait(self, threads: Sequence[threading.Thread | None] | None = None) -> None:
+        for thread in self.threads if threads is None else threads:
+            if thread is not None:
+                thread.join()
+
+
+def wait_for_file(path: str | Path, producer: threading.Thread | None, poll_s: float) -> None:
+    """Until ``path`` exists or ``producer`` (the background packing) has ended without writing it."""
+    while not os.path.exists(path) and producer is not None and producer.is_alive():
+        time.sleep(poll_s)

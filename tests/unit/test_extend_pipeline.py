@@ -1,0 +1,205 @@
+"""The extension pipeline's decisions (easy_context.extend.pipeline), each on a fake interpreter that records the
+commands it is given with their start and end times instead of running them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from easy_context.extend import pipeline as pl
+from easy_context.extend.settings import SettingsError, resolve
+from easy_context.extend.stages import FINISHED_SCRIPT, newest_state, training_finished
+
+FAKE = """#!{python}
+import json, os, sys, time
+argv = sys.argv[1:]
+if argv[:1] == ["-"]:  # a program on stdin (the finished check): run it
+    sys.argv = argv
+    exec(sys.stdin.read())
+if argv[:1] == ["-c"]:  # the flash-attn probe: not here
+    sys.exit(1)
+t0 = time.time()
+def opt(flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+if "train.py" in argv:
+    time.sleep(float(os.environ.get("FAKE_TRAIN_S", "0")))
+    out = opt("--output-dir")
+    os.makedirs(out, exist_ok=True)
+    reach = int(os.environ.get("FAKE_REACH", "1000"))
+    start = int((opt("--resume-from") or "state-step0").rsplit("step", 1)[1])
+    step = min(int(opt("--max-train-steps") or 3), reach)
+    os.makedirs(f"{{out}}/state-step{{step}}", exist_ok=True)
+    open(f"{{out}}/config.json", "w").write("{{}}")
+    with open(f"{{out}}/metrics.jsonl", "a") as f:
+        f.write(json.dumps({{"step": step, "from": start}}) + "\\n")
+elif argv[:1] in (["eval_needle.py"], ["eval_ppl.py"]):
+    time.sleep(float(os.environ.get("FAKE_EVAL_S", "0")))
+elif argv[:2] == ["-m", "easy_context.data"]:
+    os.makedirs(opt("--output"), exist_ok=True)
+    open(opt("--output") + "/dataset_info.json", "w").write("{{}}")
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({{"argv": argv, "t0": t0, "t1": time.time()}}) + "\\n")
+fail = os.environ.get("FAKE_FAIL")
+sys.exit(1 if fail and fail in " ".join(argv) else 0)
+"""
+
+RECIPE = """seq-length: 64
+rope-theta: 100000
+max-train-steps: 3
+pipeline:
+  base_length: 32
+  fetch: tiny
+  baselines: [base, yarn]
+  ruler: 0
+  long: null
+  stages:
+    - {seq-length: 48, max-train-steps: 2, warmup-steps: 1}
+"""
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A run folder with the recipe, a base model and the fake interpreter; returns a runner of the pipeline."""
+    monkeypatch.chdir(tmp_path)
+    python = tmp_path / "fakepy"
+    python.write_text(FAKE.format(python=sys.executable))
+    python.chmod(0o755)
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
+    record = tmp_path / "record.jsonl"
+    base_env = {"PATH": "/usr/bin:/bin", "RECORD": str(record), "MODEL": str(tmp_path / "base"), "WORK": "w",
+                "CONTROL": "0"}  # fmt: skip
+
+    def run(**env: str) -> list[dict]:
+        full = {**base_env, **env}
+        pipeline = pl.Pipeline(resolve("r.yaml", full), str(python), env=full)
+        pipeline.poll_s = 0.05
+        assert pipeline.run() == 0
+        return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+    return run
+
+
+def stages_tsv(tmp_path: Path) -> dict[str, str]:
+    rows = (tmp_path / "w" / "results" / "stages.tsv").read_text().splitlines()
+    return {name: rc for name, rc, _ in (row.split("\t") for row in rows)}
+
+
+def trains(calls: list[dict]) -> list[list[str]]:
+    return [c["argv"] for c in calls if "train.py" in c["argv"]]
+
+
+def test_every_stage_runs_once_then_the_same_command_skips_what_is_done(fake, tmp_path):
+    calls = fake()
+    train = trains(calls)
+    assert [t[t.index("--seq-length") + 1] for t in train] == ["48", "64"]
+    assert train[1][train[1].index("--model") + 1] == "w/stage1_48"  # the main stage from the stage's model
+    assert "--warmup-steps=1" in train[0]
+    yarn = next(c["argv"] for c in calls if "w/eval/yarn/needle" in c["argv"])
+    assert yarn[yarn.index("--rope_scaling") + 1] == "yarn:2:32"
+    tsv = stages_tsv(tmp_path)
+    assert {"stage1_48", "extended", "needle_base", "needle_yarn", "needle_extended", "summary"} <= set(tsv)
+    assert all((tmp_path / "w" / "eval" / m / "done").is_file() for m in ("base", "yarn", "extended"))
+    assert (tmp_path / "w" / "results" / "logs.tgz").is_file()
+    again = fake()[len(calls) :]
+    ran = [c["argv"] for c in again if c["argv"][:1] != ["PaulGrahamEssays/fetch.py"]]
+    assert ran == [next(c for c in ran if "easy_context.eval.compare" in c)]  # the second run: the summary only
+
+
+def test_training_resumes_from_the_newest_state_in_chunks(fake, tmp_path):
+    out = tmp_path / "w" / "extended"
+    for step in (2, 10, 9):
+        (out / f"state-step{step}").mkdir(parents=True)
+    assert newest_state(out) == str(out / "state-step10")  # by step number, not by text
+    assert newest_state(tmp_path / "none") is None
+    calls = fake(TRAIN_CHUNK_S="17", STEPS="30")
+    main = next(t for t in trains(calls) if "w/extended" in t)
+    assert main[main.index("--resume-from") + 1] == "w/extended/state-step10"
+    assert main[main.index("--time-limit") + 1] == "17" and main[main.index("--max-train-steps") + 1] == "30"
+
+
+def test_finished_check_script_and_function_agree(tmp_path):
+    import subprocess
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 4}\n\n')
+    for steps, finished in ((4, True), (5, False)):
+        assert training_finished(tmp_path, steps) is finished
+        rc = subprocess.run([sys.executable, "-", str(tmp_path), str(steps)], input=FINISHED_SCRIPT.encode()).returncode
+        assert (rc == 0) is finished
+    assert not training_finished(tmp_path / "missing", 1)
+
+
+def test_a_stage_stopped_at_its_time_limit_hands_on_its_model_and_the_main_stage_continues_later(fake, tmp_path):
+    calls = fake(FAKE_REACH="1")  # every run stops at step 1: the stage hands on, the main stage is not done
+    train = trains(calls)
+    assert train[1][train[1].index("--model") + 1] == "w/stage1_48"
+    assert (tmp_path / "w" / "stage1_48" / "train_done").is_file()
+    assert not (tmp_path / "w" / "extended" / "train_done").exists()
+    assert not (tmp_path / "w" / "eval" / "extended").exists()  # not evaluated before it is done
+    calls = fake(FAKE_REACH="1000")[len(calls) :]
+    (main,) = trains(calls)  # the next call resumes the main stage only
+    assert main[main.index("--resume-from") + 1] == "w/extended/state-step1"
+    assert (tmp_path / "w" / "eval" / "extended" / "done").is_file()
+
+
+def test_before_evaluations_run_beside_the_training(fake):
+    calls = fake(FAKE_TRAIN_S="1.0", FAKE_EVAL_S="0.5")
+    training = [c for c in calls if "train.py" in c["argv"]]
+    before = [c for c in calls if c["argv"][:1] in (["eval_needle.py"], ["eval_ppl.py"]) and
+              any(a.startswith("w/eval/base/") for a in c["argv"])]  # fmt: skip
+    assert before and any(e["t0"] < t["t1"] and t["t0"] < e["t1"] for e in before for t in training)
+
+
+def test_a_failed_stage_is_recorded_and_the_independent_ones_still_run(fake, tmp_path):
+    calls = fake(FAKE_FAIL="w/eval/yarn/needle")
+    tsv = stages_tsv(tmp_path)
+    assert tsv["needle_yarn"] == "1" and "ppl_yarn" not in tsv  # its evaluation stops at the failure
+    assert tsv["extended"] == "0" and tsv["needle_extended"] == "0" and tsv["summary"] == "0"
+    assert not (tmp_path / "w" / "eval" / "yarn" / "done").exists()
+    assert any("easy_context.eval.compare" in c["argv"] for c in calls)
+
+
+def test_the_control_trains_as_many_tokens_as_all_stages(fake, tmp_path):
+    calls = fake(CONTROL="1", TRAIN="0")
+    (control,) = trains(calls)
+    assert control[control.index("--seq-length") + 1] == "32" and control[control.index("--model") + 1].endswith("base")
+    assert control[control.index("--gradient-accumulate-every") + 1] == "2"  # TARGET / BASE_LENGTH rows a step
+    assert control[control.index("--max-train-steps") + 1] == str(-(-(64 * 3 + 48 * 2) // 64))
+    settings = resolve("r.yaml", {"STEPS": "10"})
+    assert settings.control_step_count() == str(-(-(64 * 10 + 48 * 2) // 64))
+    assert resolve("r.yaml", {"CONTROL_STEPS": "7"}).control_step_count() == "7"
+
+
+def test_the_environment_beats_the_recipe(fake, tmp_path):
+    s = resolve("r.yaml", {})
+    assert (s.target, s.base_length, s.baselines, s.ruler, s.long, s.samples) == (64, 32, ["base", "yarn"], False,
+                                                                                   "", "5")  # fmt: skip
+    assert (s.factor, s.needle_max, s.parallel_mode, s.launch("py")) == ("2", "64", "", ["py"])
+    s = resolve("r.yaml", {"TARGET": "128", "BASELINES": "", "RULER": "1", "LONG": "512", "SAMPLES": "2",
+                           "NPROC": "2"})  # fmt: skip
+    assert (s.target, s.baselines, s.ruler, s.long, s.long_samples, s.factor) == (128, [], True, "512", "2", "4")
+    assert s.parallel_mode == "zigzag_ring_attn" and s.launch("py")[:3] == ["py", "-m", "easy_context.launch"]
+    assert s.long_scaling_list() == ["none", "yarn:4:128"] and s.ruler_lengths_to(128) == "16,32,64,128"
+
+
+def test_a_bad_recipe_or_baseline_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    with pytest.raises(SettingsError, match="unknown baseline 'yarm'.*BASELINES or the recipe's pipeline.baselines"):
+        resolve("r.yaml", {"BASELINES": "base yarm"})
+    (tmp_path / "bad.yaml").write_text("rope-theta: 1\npipeline: {base_length: 32}\n")
+    with pytest.raises(SettingsError, match="sets no seq-length"):
+        resolve("bad.yaml", {})
+    (tmp_path / "bad.yaml").write_text("seq-length: 64\nrope-theta: 1\npipeline:\n  stages: [{seq-length: 32}]\n")
+    with pytest.raises(SettingsError, match=r"stages\[0\].*max-train-steps"):
+        resolve("bad.yaml", {"BASE_LENGTH": "32"})
+    monkeypatch.setenv("BASELINES", "nope")
+    assert pl.main([str(tmp_path / "r.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "unknown baseline 'nope'" in err
+    assert pl.main([str(tmp_path / "missing.yaml")]) == 2
+    assert "usage: bash train_scripts/extend.sh RECIPE.yaml" in capsys.readouterr().err
