@@ -11,8 +11,9 @@
 # model (MODEL, FETCH, WHEELS), data, the evaluations before (BASELINES) beside the training, the recipe's stages and
 # the main one (TRAIN, STEPS, TRAIN_CHUNK_S: resumable device calls), the control (CONTROL), TARGET2, the evaluations
 # after (LONG*, RULER*, EVAL_PARTIAL), summary. Each stage is skipped when its output is in WORK, so the same command
-# again continues. N GPUs: NPROC=N (PARALLEL_MODE). ONLY=before stops after the before-evaluations. PY: the
-# interpreter (default .venv/bin/python, else python3).
+# again continues. N GPUs: NPROC=N (PARALLEL_MODE); OPTIM: ddp, host_adamw or a ZeRO-3 placement (zero3,
+# zero3_offload_optimizer, zero3_offload). ONLY=before stops after the before-evaluations, ONLY=train after the
+# training stages. PY: the interpreter (default .venv/bin/python, else python3).
 # CPU check of every stage on a tiny random model of the recipe's architecture (numbers meaningless):
 #   DEVICE=cpu MICRO=1 bash train_scripts/extend.sh train_scripts/gemma3_256k.yaml
 set -uo pipefail

@@ -1,6 +1,12 @@
 """``python -m easy_context.extend`` (the ``easy-context-extend`` console script): derive a model's extension recipe
-for the hardware, write it, and (``--dry-run``) print each stage's train.py command, tokens, and the planner's memory
-and time estimate, running nothing."""
+for the hardware, write it, and run it (easy_context.extend.pipeline); ``--dry-run`` prints each stage's train.py
+command, tokens, and the planner's memory and time estimate instead, running nothing. ``--recipe R`` runs a recipe
+written before (edited or not)::
+
+    easy-context-extend --model path/to/model --to 256K --gpus 1 --gpu-mem 141GB      # derive, write, run
+    easy-context-extend --model path/to/model --to 256K --write-recipe r.yaml --dry-run
+    easy-context-extend --recipe r.yaml                                               # run it
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import sys
 
 from easy_context.cli import ArgumentParser
 from easy_context.extend.derive import MFU, Derived, derive
-from easy_context.extend.recipe import format_length, parse_length
+from easy_context.extend.recipe import Recipe, format_length, parse_length
 from easy_context.models.shapes import GB
 
 
@@ -18,12 +24,15 @@ def build_parser() -> ArgumentParser:
         prog="python -m easy_context.extend",
         description="Derive the recipe that extends a model's context on this hardware (docs/extension.md).",
     )
-    ap.add_argument("--model", required=True, help="a model folder or its config.json (a hub id in the local cache)")
-    ap.add_argument("--to", required=True, metavar="LENGTH", help="the target length: 262144, 256K or 1M")
+    ap.add_argument("--model", help="a model folder or its config.json (a hub id in the local cache)")
+    ap.add_argument("--to", metavar="LENGTH", help="the target length: 262144, 256K or 1M")
+    ap.add_argument("--recipe", metavar="R.yaml", help="run this recipe (one --write-recipe wrote, edited or not) "
+                    "instead of deriving one")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs in all")
     ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
     ap.add_argument("--host-mem", default="1TB", help="per node")
-    ap.add_argument("--write-recipe", metavar="OUT.yaml", default=None, help="write the derived recipe here")
+    ap.add_argument("--write-recipe", metavar="OUT.yaml", default=None,
+                    help="write the derived recipe here (default: out/extend_NAME/recipe.yaml)")
     ap.add_argument("--dry-run", action="store_true", help="print the stages and their commands; run nothing")
     return ap
 
@@ -49,23 +58,61 @@ def describe(derived: Derived) -> str:
     return "\n".join(lines)
 
 
+def describe_recipe(recipe: Recipe) -> str:
+    """A recipe file's stages as text: each one's length, steps, tokens and own train.py flags."""
+    lines = [f"{recipe.run_name}: {format_length(recipe.base_length)} -> {format_length(recipe.target)}; RoPE base "
+             f"{recipe.rope_theta:.3g}, {recipe.parallel_mode}, optimizer {recipe.settings.get('optim', 'ddp')}"]  # fmt: skip
+    for i, stage in enumerate(recipe.all_stages):
+        name = "main" if i == len(recipe.stages) else f"stage {i + 1}"
+        flags = " ".join(f"--{k} {v}" for k, v in stage.to_mapping().items() if k not in ("seq-length", "max-train-steps"))
+        lines.append(f"  {name}: {format_length(stage.seq_length)} x {stage.steps} steps = {stage.tokens / 1e6:.1f}M "
+                     f"tokens a sequence per step; {flags}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_recipe(path: str) -> int:
+    """The pipeline on the recipe at ``path``: its exit status (easy_context.extend.pipeline; its settings may be
+    overridden by the environment, train_scripts/extend.sh's header lists them)."""
+    from easy_context.extend import pipeline
+
+    return pipeline.main([path])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Derive, write (--write-recipe), print (--dry-run); a bad input exits 2 with one line naming the fix."""
+    """Derive, write and run (--dry-run: print instead), or run --recipe; a bad input exits 2 with one line naming
+    the fix."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    if bool(args.recipe) == bool(args.model or args.to):
+        ap.error("give --model M --to LENGTH (derive a recipe) or --recipe R.yaml (run one), not both")
+    if args.recipe:
+        try:
+            recipe = Recipe.load(args.recipe)
+        except (OSError, ValueError) as exc:
+            ap.error(str(exc))
+        if args.dry_run:
+            print(describe_recipe(recipe))
+            return 0
+        return run_recipe(args.recipe)
+    if not (args.model and args.to):
+        ap.error("give both --model and --to (the target length: 262144, 256K or 1M)")
     try:
         derived = derive(args.model, parse_length(args.to), gpus=args.gpus, gpu_mem=args.gpu_mem,
                          host_mem=args.host_mem)  # fmt: skip
     except ValueError as exc:
         ap.error(str(exc))
-    if args.write_recipe:
+    path = None
+    if args.write_recipe or not args.dry_run:
         header = (f"derived by python -m easy_context.extend --model {args.model} --to {args.to} --gpus {args.gpus} "
                   f"--gpu-mem {args.gpu_mem}: each comment says where its value came from")  # fmt: skip
-        path = derived.recipe.write(args.write_recipe, header)
+        out = args.write_recipe or f"out/extend_{derived.recipe.run_name}/recipe.yaml"
+        path = derived.recipe.write(out, header)
         print(f"recipe: {path}")
-    if args.dry_run or not args.write_recipe:
-        print(describe(derived))
-    return 0
+    print(describe(derived))
+    if args.dry_run:
+        return 0
+    print(f"running it (the same command, or --recipe {path}, continues a run cut off)", flush=True)
+    return run_recipe(str(path))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ CONFIGS = (
     "offload+tiled+chunked",
     "offload-split+tiled+chunked",
 )
-OPTIMS = ("ddp", "zero3", "zero3_offload_optimizer", "zero3_offload")  # the planner's placements, fastest first
+# the planner's optimizer placements, fastest first; host_adamw (fp32 master and moments in host memory, no DeepSpeed)
+# before ZeRO-3's optimizer offload: the same bytes on one GPU, without gathering the parameters on several
+OPTIMS = ("ddp", "zero3", "host_adamw", "zero3_offload_optimizer", "zero3_offload")
 SP_MODES = ("ulysses_attn", "zigzag_ring_attn")  # Ulysses where the heads divide the degree, else the ring
 MFU = 0.25  # measured: 32 % (SmolLM2 64K, no recompute) and 22 % (Gemma 3 256K, full recompute) on one H200
 PEAK_FLOPS = PEAK_TFLOPS["H100"] * 1e12  # dense bf16, H100 and H200 alike
@@ -176,6 +178,8 @@ def _candidates(shape: ModelShape, gpus: int, gpu_mem: float, host_mem: float):
     the smallest SP degree (the rest data parallel), Ulysses before the ring."""
     degrees = [d for d in range(1, gpus + 1) if gpus % d == 0]
     for optim in OPTIMS:
+        if optim == "host_adamw" and gpus > 1:  # train.py: a whole optimizer state in every process's host memory
+            continue
         for config in CONFIGS:
             for sp in degrees:
                 setup = Setup(gpus=gpus, gpu_mem=gpu_mem, host_mem=host_mem, sp_size=sp, optim=optim)
@@ -296,7 +300,7 @@ def derive(
         "adam-betas": "PI and YaRN: AdamW (0.9, 0.95), no weight decay",
     }  # fmt: skip
     settings: dict[str, Any] = {"optim": setup.optim}
-    why["pipeline.optim"] = "the planner: the first optimizer placement (ddp, zero3, zero3 offloads) that fits"
+    why["pipeline.optim"] = "the planner: the first optimizer placement (ddp, zero3, host_adamw, zero3 offloads) that fits"
     if gpus > 1:
         settings |= {"nproc": gpus, "parallel_mode": mode}
     recipe = Recipe(

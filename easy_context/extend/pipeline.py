@@ -23,6 +23,7 @@ from pathlib import Path
 
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
 from easy_context.extend.stages import FINISHED_SCRIPT, Background, StageRunner, newest_state, wait_for_file
+from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE = "usage: bash train_scripts/extend.sh RECIPE.yaml [train.py flags]"
@@ -63,7 +64,10 @@ def child_env(settings: Settings, env: Mapping[str, str]) -> dict[str, str]:
     out = {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
            "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "20"}  # fmt: skip
     if settings.device == "cpu":
-        out.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS=settings.omp_num_threads)
+        out["OMP_NUM_THREADS"] = settings.omp_num_threads
+        out["ACCELERATE_USE_CPU"] = "1"
+    if settings.optim in ZERO3_OFFLOADS:  # accelerate drops DeepSpeed under it; the ZeRO-3 yaml says use_cpu
+        out.pop("ACCELERATE_USE_CPU", None)
     return out
 
 
@@ -90,6 +94,10 @@ class Pipeline:
         self.packing: threading.Thread | None = None
         self.ruler_base: threading.Thread | None = None
         self.stage_dirs: list[str] = []
+        self.launch_config = None  # the DeepSpeed launch of a ZeRO-3 OPTIM, written once
+        if settings.optim in ZERO3_OFFLOADS:
+            self.launch_config = zero3_config(settings.optim, settings.nproc, self.path("launch"),
+                                              cpu=settings.device == "cpu")  # fmt: skip
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.work, *parts)
@@ -204,7 +212,7 @@ class Pipeline:
         state = newest_state(out)
         if state:
             self.log(f"{name}: resumes from {state}")
-        command = [*self.s.launch(self.py), "train.py", "--config", self.s.recipe, "--model", source, "--dataset", data,
+        command = [*self.s.launch(self.py, self.launch_config), "train.py", "--config", self.s.recipe, "--model", source, "--dataset", data,
                    "--output-dir", out, "--seq-length", str(seq), "--rope-theta", self.s.theta,
                    "--gradient-accumulate-every", str(rows), "--kernel", self.kernel, "--time-limit", chunk,
                    *self.s.par, *(["--max-train-steps", steps] if steps else []),
@@ -266,7 +274,7 @@ class Pipeline:
         out = [*(stage.seq for stage in s.stages), s.target] if s.train else []
         if s.target2 and s.train:
             out.append(int(s.target2))
-        if s.control:
+        if s.control and s.only != "train":
             out.append(s.base_length)
         return out
 
@@ -383,8 +391,9 @@ class Pipeline:
             return rc
         self.pick_kernel()
         # before: each baseline's evaluations beside the data and the training
-        before = self.background.start(lambda: [self.evaluate(b, s.model) for b in s.baselines], "before")
-        if "base" in s.baselines or s.train:
+        baselines = [] if s.only == "train" else s.baselines
+        before = self.background.start(lambda: [self.evaluate(b, s.model) for b in baselines], "before")
+        if s.only != "train" and ("base" in s.baselines or s.train):
             self.ruler_base = self.background.start(lambda: self.ruler("base", s.model, s.target), "ruler base")
         if s.only == "before":
             self.background.wait([before, self.ruler_base])
@@ -396,6 +405,11 @@ class Pipeline:
             rest = lengths[1:]
             self.packing = self.background.start(lambda: [self.pack(n, self.path(f"data_{n}")) for n in rest], "pack")
         self.train_stages()
+        if s.only == "train":
+            self.background.wait()
+            self.log(f"extend {s.name}: training done" if self.trained("extended") else
+                     f"extend {s.name}: training stopped before its end (stages.tsv)")  # fmt: skip
+            return 0
         if self.trained("extended"):
             self.after_extended()
         if s.control:

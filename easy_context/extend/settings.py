@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from easy_context.launch_configs import ZERO3_OFFLOADS
 from easy_context.training import recipe as recipe_io
 
 BASELINES = ("base", "rope_theta", "linear", "dynamic_ntk", "yarn")
 DEFAULT_BASELINES = "base rope_theta dynamic_ntk yarn"
+ONLY = ("", "before", "train")  # ONLY=before: the before-evaluations alone; ONLY=train: the model, data, training
 
 
 class SettingsError(ValueError):
@@ -136,6 +138,7 @@ class Settings:
     only: str
     eval_partial: bool
     omp_num_threads: str
+    optim: str = "ddp"  # the planner's optimizer placement (easy_context.plan's --optim)
     stages: list[Stage] = field(default_factory=list)
 
     @property
@@ -144,15 +147,25 @@ class Settings:
 
     @property
     def train_args(self) -> list[str]:
-        """train.py flags of every training run before the recipe's own: compiled on a GPU, frequent saves on CPU."""
-        return ["--save-every", "2"] if self.micro else ["--compile"]
+        """train.py flags of every training run before the recipe's own: compiled on a GPU, frequent saves on CPU;
+        the optimizer state in host memory for OPTIM=host_adamw, fp32 weights for ZeRO-3 on CPU."""
+        optimizer = ["--optimizer", "host_adamw"] if self.optim == "host_adamw" else []
+        if self.device == "cpu" and self.optim in ZERO3_OFFLOADS:  # DeepSpeed: a bf16 model needs bf16 mixed precision
+            optimizer += ["--dtype", "float32"]
+        return (["--save-every", "2"] if self.micro else ["--compile"]) + optimizer
 
-    def launch(self, python: str) -> list[str]:
-        """One process runs train.py itself; N go through easy_context.launch (one readable line when ranks fail)."""
+    def launch(self, python: str, launch_config: str | None = None) -> list[str]:
+        """One process runs train.py itself; N go through easy_context.launch (one readable line when ranks fail);
+        a ZeRO-3 OPTIM through it with ``launch_config`` (launch_configs.zero3_config), on any number."""
+        common = ["--num_processes", str(self.nproc), "--num_machines", "1", "--mixed_precision", self.mixed,
+                  "--dynamo_backend", "no"]  # fmt: skip
+        if self.optim in ZERO3_OFFLOADS:
+            if not launch_config:
+                raise SettingsError(f"OPTIM={self.optim} launches through a DeepSpeed config; none was written")
+            return [python, "-m", "easy_context.launch", "--config_file", launch_config, *common]
         if self.nproc <= 1:
             return [python]
-        return [python, "-m", "easy_context.launch", "--multi_gpu", "--num_processes", str(self.nproc),
-                "--num_machines", "1", "--mixed_precision", self.mixed, "--dynamo_backend", "no"]  # fmt: skip
+        return [python, "-m", "easy_context.launch", "--multi_gpu", *common]
 
     @property
     def par(self) -> list[str]:
@@ -287,8 +300,15 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         only=v.get("ONLY"),
         eval_partial=v.get("EVAL_PARTIAL") == "1",
         omp_num_threads=v.get("OMP_NUM_THREADS", "2"),
+        optim=v.get("OPTIM", "ddp"),
         stages=stages,
     )
+    optims = ("ddp", "host_adamw", *ZERO3_OFFLOADS)
+    if settings.optim not in optims:
+        raise SettingsError(f"{recipe_path}: OPTIM={settings.optim!r} (pipeline.optim) is not one of {', '.join(optims)}")
+    if settings.only not in ONLY:
+        raise SettingsError(f"{recipe_path}: ONLY={settings.only!r}: give before (the before-evaluations), train (the "
+                            "model, data and training stages) or nothing (every stage)")  # fmt: skip
     for baseline in settings.baselines:
         baseline_args(baseline, settings)  # an unknown name stops here, before any stage runs
     if settings.long:

@@ -12,8 +12,10 @@ from easy_context.plan.solve import Prediction
 
 OPTIM_CONFIGS = {  # how each --optim is launched, for {gpus} processes
     "zero3_offload": "accelerate launch --config_file accelerate_configs/single_node.yaml --num_processes {gpus}",
-    "zero3_offload_optimizer": "a ZeRO-3 config like accelerate_configs/zero3_offload.json without offload_param",
-    "zero3": "a ZeRO-3 config like accelerate_configs/zero3_offload.json without offloading",
+    "zero3_offload_optimizer": "accelerate launch --config_file CONFIG, CONFIG written by easy_context.launch_configs."
+                               "zero3_config('zero3_offload_optimizer', {gpus}, FOLDER)",
+    "zero3": "accelerate launch --config_file CONFIG, CONFIG written by easy_context.launch_configs.zero3_config('zero3', "
+             "{gpus}, FOLDER)",
     "ddp": "accelerate launch --multi_gpu --num_processes {gpus}",
     "host_adamw": "accelerate launch --multi_gpu --num_processes {gpus}",
 }
