@@ -26,13 +26,20 @@ def build_parser() -> ArgumentParser:
     )
     ap.add_argument("--model", help="a model folder or its config.json (a hub id in the local cache)")
     ap.add_argument("--to", metavar="LENGTH", help="the target length: 262144, 256K or 1M")
-    ap.add_argument("--recipe", metavar="R.yaml", help="run this recipe (one --write-recipe wrote, edited or not) "
-                    "instead of deriving one")
+    ap.add_argument(
+        "--recipe",
+        metavar="R.yaml",
+        help="run this recipe (one --write-recipe wrote, edited or not) instead of deriving one",
+    )
     ap.add_argument("--gpus", type=int, default=1, help="GPUs in all")
     ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
     ap.add_argument("--host-mem", default="1TB", help="per node")
-    ap.add_argument("--write-recipe", metavar="OUT.yaml", default=None,
-                    help="write the derived recipe here (default: out/extend_NAME/recipe.yaml)")
+    ap.add_argument(
+        "--write-recipe",
+        metavar="OUT.yaml",
+        default=None,
+        help="write the derived recipe here (default: out/extend_NAME/recipe.yaml)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the stages and their commands; run nothing")
     return ap
 
@@ -60,11 +67,13 @@ def describe(derived: Derived) -> str:
 
 def describe_recipe(recipe: Recipe) -> str:
     """A recipe file's stages as text: each one's length, steps, tokens and own train.py flags."""
+    optim = recipe.settings.get("optim", "ddp")
     lines = [f"{recipe.run_name}: {format_length(recipe.base_length)} -> {format_length(recipe.target)}; RoPE base "
-             f"{recipe.rope_theta:.3g}, {recipe.parallel_mode}, optimizer {recipe.settings.get('optim', 'ddp')}"]  # fmt: skip
+             f"{recipe.rope_theta:.3g}, {recipe.parallel_mode}, optimizer {optim}"]  # fmt: skip
     for i, stage in enumerate(recipe.all_stages):
         name = "main" if i == len(recipe.stages) else f"stage {i + 1}"
-        flags = " ".join(f"--{k} {v}" for k, v in stage.to_mapping().items() if k not in ("seq-length", "max-train-steps"))
+        own = {k: v for k, v in stage.to_mapping().items() if k not in ("seq-length", "max-train-steps")}
+        flags = " ".join(f"--{k} {v}" for k, v in own.items())
         lines.append(f"  {name}: {format_length(stage.seq_length)} x {stage.steps} steps = {stage.tokens / 1e6:.1f}M "
                      f"tokens a sequence per step; {flags}")  # fmt: skip
     return "\n".join(lines)

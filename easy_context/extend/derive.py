@@ -300,7 +300,7 @@ def derive(
         "adam-betas": "PI and YaRN: AdamW (0.9, 0.95), no weight decay",
     }  # fmt: skip
     settings: dict[str, Any] = {"optim": setup.optim}
-    why["pipeline.optim"] = "the planner: the first optimizer placement (ddp, zero3, host_adamw, zero3 offloads) that fits"
+    why["pipeline.optim"] = "the planner: the first optimizer placement that fits (ddp, zero3, host_adamw, offloads)"
     if gpus > 1:
         settings |= {"nproc": gpus, "parallel_mode": mode}
     recipe = Recipe(

@@ -212,7 +212,8 @@ class Pipeline:
         state = newest_state(out)
         if state:
             self.log(f"{name}: resumes from {state}")
-        command = [*self.s.launch(self.py, self.launch_config), "train.py", "--config", self.s.recipe, "--model", source, "--dataset", data,
+        launch = self.s.launch(self.py, self.launch_config)
+        command = [*launch, "train.py", "--config", self.s.recipe, "--model", source, "--dataset", data,
                    "--output-dir", out, "--seq-length", str(seq), "--rope-theta", self.s.theta,
                    "--gradient-accumulate-every", str(rows), "--kernel", self.kernel, "--time-limit", chunk,
                    *self.s.par, *(["--max-train-steps", steps] if steps else []),

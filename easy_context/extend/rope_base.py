@@ -18,7 +18,6 @@ the phase); a failing base stops at its first negative distance (blocks of dista
 from __future__ import annotations
 
 import functools
-
 import math
 
 import torch
@@ -93,7 +92,7 @@ STABLE_BOUNDS: dict[tuple[int, int], float] = {
 }
 
 
-@functools.lru_cache(maxsize=None)  # a scan takes seconds; derive asks again for every layout it tries
+@functools.cache  # a scan takes seconds; derive asks again for every layout it tries
 def stable_rope_base(rotary_dim: int, length: int) -> tuple[float, str]:
     """``min_rope_base(rotary_dim, length, stable=True)`` and how it was found: from :data:`STABLE_BOUNDS` at the
     smallest tabled length >= ``length`` (a base that holds to a longer length holds to this one), else the scan."""

@@ -305,7 +305,8 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
     )
     optims = ("ddp", "host_adamw", *ZERO3_OFFLOADS)
     if settings.optim not in optims:
-        raise SettingsError(f"{recipe_path}: OPTIM={settings.optim!r} (pipeline.optim) is not one of {', '.join(optims)}")
+        raise SettingsError(f"{recipe_path}: OPTIM={settings.optim!r} (pipeline.optim) is not one of "
+                            f"{', '.join(optims)}")  # fmt: skip
     if settings.only not in ONLY:
         raise SettingsError(f"{recipe_path}: ONLY={settings.only!r}: give before (the before-evaluations), train (the "
                             "model, data and training stages) or nothing (every stage)")  # fmt: skip

@@ -12,10 +12,10 @@ from easy_context.plan.solve import Prediction
 
 OPTIM_CONFIGS = {  # how each --optim is launched, for {gpus} processes
     "zero3_offload": "accelerate launch --config_file accelerate_configs/single_node.yaml --num_processes {gpus}",
-    "zero3_offload_optimizer": "accelerate launch --config_file CONFIG, CONFIG written by easy_context.launch_configs."
-                               "zero3_config('zero3_offload_optimizer', {gpus}, FOLDER)",
-    "zero3": "accelerate launch --config_file CONFIG, CONFIG written by easy_context.launch_configs.zero3_config('zero3', "
-             "{gpus}, FOLDER)",
+    "zero3_offload_optimizer": "accelerate launch --config_file CONFIG (easy_context.launch_configs.zero3_config("
+    "'zero3_offload_optimizer', {gpus}, FOLDER) writes it)",
+    "zero3": "accelerate launch --config_file CONFIG (easy_context.launch_configs.zero3_config('zero3', {gpus}, "
+    "FOLDER) writes it)",
     "ddp": "accelerate launch --multi_gpu --num_processes {gpus}",
     "host_adamw": "accelerate launch --multi_gpu --num_processes {gpus}",
 }

@@ -58,9 +58,9 @@ def test_a_derived_recipe_trains_its_stages_on_two_cpu_processes(tmp_path, famil
     assert recipe.settings["nproc"] == 2 and [s.seq_length for s in recipe.all_stages] == [4 * NATIVE, TARGET]
     path = recipe.write(tmp_path / "recipe.yaml")
     work = tmp_path / "w"
-    micro_model = {k: v for k, v in config.items()}
-    env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "MICRO_MODEL": json.dumps(micro_model), "ONLY": "train",
-           "WORK": str(work), "PY": zygote.python(), "CORPUS_CHARS": "3e5", "NUM_PROC": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "MICRO_MODEL": json.dumps(config), "ONLY": "train",
+           "WORK": str(work), "PY": zygote.python(), "CORPUS_CHARS": "3e5", "NUM_PROC": "1",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
     res = run_job([zygote.python(), "-m", "easy_context.extend", "--recipe", str(path)], cwd=ROOT, env=env,
                   timeout=600)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
