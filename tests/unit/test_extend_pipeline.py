@@ -203,3 +203,57 @@ def test_a_bad_recipe_or_baseline_is_one_line_naming_the_fix(tmp_path, monkeypat
     assert err.count("\n") == 0 and err.startswith("error: ") and "unknown baseline 'nope'" in err
     assert pl.main([str(tmp_path / "missing.yaml")]) == 2
     assert "usage: bash train_scripts/extend.sh RECIPE.yaml" in capsys.readouterr().err
+
+
+def test_the_optimizer_placement_decides_the_launch(fake, tmp_path):
+    """OPTIM (the derived recipe's pipeline.optim): host_adamw a train.py flag; a ZeRO-3 placement a DeepSpeed launch
+    config written into WORK (zero3_offload.json less the offloads it does not make), on any number of processes."""
+    first = fake(OPTIM="host_adamw")
+    (host,) = [t for t in trains(first) if "w/extended" in t]
+    assert host[host.index("--optimizer") + 1] == "host_adamw" and host[0] == "train.py"  # one process: no launcher
+    calls = fake(OPTIM="zero3_offload_optimizer", WORK="w2", DEVICE="cpu")[len(first) :]
+    assert len(trains(calls)) == 2
+    for train in trains(calls):
+        config_file = str(tmp_path / "w2" / "launch" / "zero3_offload_optimizer.yaml")
+        assert train[:4] == ["-m", "easy_context.launch", "--config_file", config_file]
+        assert train[train.index("--num_processes") + 1] == "1" and train[train.index("--dtype") + 1] == "float32"
+    config = json.loads((tmp_path / "w2" / "launch" / "zero3_offload_optimizer.json").read_text())["zero_optimization"]
+    assert config["stage"] == 3 and "offload_optimizer" in config and "offload_param" not in config
+    yaml_text = (tmp_path / "w2" / "launch" / "zero3_offload_optimizer.yaml").read_text()
+    assert "distributed_type: DEEPSPEED" in yaml_text and "use_cpu: true" in yaml_text
+    s = resolve("r.yaml", {"OPTIM": "zero3", "DEVICE": "cpu", "ACCELERATE_USE_CPU": "1"})
+    assert "ACCELERATE_USE_CPU" not in pl.child_env(s, {"ACCELERATE_USE_CPU": "1"})  # it would drop DeepSpeed
+    with pytest.raises(SettingsError, match="OPTIM='zero4'.*one of ddp, host_adamw, zero3"):
+        resolve("r.yaml", {"OPTIM": "zero4"})
+
+
+def test_only_train_runs_the_model_data_and_training_stages(fake, tmp_path):
+    calls = fake(ONLY="train", CONTROL="1")
+    assert [t[t.index("--seq-length") + 1] for t in trains(calls)] == ["48", "64"]  # no control with ONLY=train
+    assert not any(c["argv"][:1] in (["eval_needle.py"], ["eval_ppl.py"], ["eval_ruler.py"]) for c in calls)
+    assert set(stages_tsv(tmp_path)) == {"corpus", "data_48", "data_64", "stage1_48", "extended"}
+    with pytest.raises(SettingsError, match="ONLY='evals'.*before.*train"):
+        resolve("r.yaml", {"ONLY": "evals"})
+
+
+def test_the_command_runs_a_recipe_or_derives_one(tmp_path, monkeypatch, capsys):
+    from easy_context.extend import cli
+
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    assert cli.main(["--recipe", str(tmp_path / "r.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stage 1: 48 x 2 steps" in out and "main: 64 x 3 steps" in out and "optimizer ddp" in out
+    ran = []
+    monkeypatch.setattr(cli, "run_recipe", lambda path: ran.append(path) or 0)
+    assert cli.main(["--recipe", str(tmp_path / "r.yaml")]) == 0 and ran == [str(tmp_path / "r.yaml")]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256)))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--model", str(tmp_path / "m"), "--to", "1K"]) == 0  # derive, write, run what it wrote
+    assert ran[1] == "out/extend_m_1K/recipe.yaml" and (tmp_path / ran[1]).is_file()
+    for argv in (["--recipe", "r.yaml", "--model", "m"], ["--model", "m"], []):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+    assert "--recipe R.yaml" in capsys.readouterr().err
