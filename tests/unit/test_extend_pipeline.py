@@ -257,3 +257,21 @@ def test_the_command_runs_a_recipe_or_derives_one(tmp_path, monkeypatch, capsys)
         with pytest.raises(SystemExit):
             cli.main(argv)
     assert "--recipe R.yaml" in capsys.readouterr().err
+
+
+def test_the_docs_commands_parse():
+    """Every easy_context.extend command of docs/extension.md and the README parses with the command's flags."""
+    import shlex
+
+    from easy_context.extend import cli
+
+    root = Path(__file__).resolve().parents[2]
+    parsed = 0
+    for doc in ("docs/extension.md", "README.md"):
+        for line in (root / doc).read_text().replace("\\\n", " ").splitlines():
+            if "python -m easy_context.extend " in line:
+                words = shlex.split(line.split("#")[0].strip().strip("`"))
+                args = cli.build_parser().parse_args(words[words.index("easy_context.extend") + 1 :])
+                assert bool(args.recipe) != bool(args.model and args.to), line
+                parsed += 1
+    assert parsed >= 5
