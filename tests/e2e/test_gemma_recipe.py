@@ -3,19 +3,15 @@
 * What extend.sh runs for each shipped recipe, with ``python`` recording its arguments instead of running: the model
   fetched by name, each baseline's RoPE flags, the progressive stages (each from the previous one's model), the launch
   on N processes with the chosen backend; every training command parses with train.py's flags.
-* The miniature (tests/SLOW_TESTS.md: its time): a tiny Gemma 3 of the real model's layer pattern (5 sliding-window
-  layers + 1 global, two RoPE bases, 4 query / 1 KV heads) trained with train_scripts/gemma3_256k.yaml's flags on 2
-  processes launched as extend.sh launches them: a zigzag stage, then a Ulysses stage from its saved model; the loss
-  goes down, each stage saves a model, and easy_context.eval.compare summarises both stages.
-  The whole pipeline (data, evaluations, summary) on CPU: ``EC_MICRO_PIPELINE=1`` runs
-  ``DEVICE=cpu MICRO=1 NPROC=2 bash train_scripts/extend.sh train_scripts/gemma3_256k.yaml`` (minutes).
+* The miniature (tests/SLOW_TESTS.md: its time): every stage of the program on the recipe's ``micro:`` values, a tiny
+  Gemma 3 of the real model's layer pattern (5 sliding-window layers + 1 global, two RoPE bases, 4 query / 1 KV heads)
+  on 2 CPU processes under Ulysses: data, evaluations before and after, both stages, the needle beyond, the summary.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,10 +25,6 @@ from tests.support.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {"smollm2_64k.yaml": (8192, 65536), "gemma3_256k.yaml": (32768, 262144), "gemma3_1m.yaml": (32768, 1048576)}
-# the miniature's model: Gemma-3-270M's pattern and head layout, tiny
-TINY_GEMMA3 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-                   num_key_value_heads=1, head_dim=16, sliding_window=64, query_pre_attn_scalar=16, vocab_size=64,
-                   max_position_embeddings=256)  # fmt: skip
 
 RECORDER = """#!{python}
 import json, os, sys
@@ -209,75 +201,34 @@ def test_gemma_1m_recipe_chains_its_stages_to_1m(tmp_path):
     assert {a.rope_theta for _, a in stages} == {2.5e8}
 
 
-def _tiny_gemma3(folder: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(**TINY_GEMMA3)
-    assert config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
-    assert {k: v["rope_theta"] for k, v in config.rope_parameters.items()} == {"sliding_attention": 1e4,
-                                                                              "full_attention": 1e6}  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-
-
-def test_gemma_miniature_trains_a_zigzag_then_a_ulysses_stage_on_two_processes(tmp_path):
-    """The recipe's flags (fp32 master weights, cosine schedule, chunked loss, checkpointing) on a tiny Gemma 3 with
-    the real layer pattern, launched on 2 CPU processes as extend.sh launches N: 128 tokens under zigzag ring
-    attention, then 256 under Ulysses from the first stage's model (the progressive schedule)."""
-    base = tmp_path / "base"
-    _tiny_gemma3(base)
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    launch = [zygote.python(), "-m", "easy_context.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-              "1", "--mixed_precision", "no", "--dynamo_backend", "no", "train.py", "--config",
-              "train_scripts/gemma3_256k.yaml", "--kernel", "cpu", "--dataset", "random:2", "--learning-rate", "1e-2",
-              "--warmup-steps", "0", "--log-every", "1", "--rope-theta", "4e6"]  # fmt: skip
-    stages = [("stage1_128", base, 128, "zigzag_ring_attn", "attn"), ("extended", tmp_path / "stage1_128", 256,
-                                                                      "ulysses_attn", "attn-global")]  # fmt: skip
-    for name, model, seq, mode, checkpointing in stages:
-        cmd = [*launch, "--model", str(model), "--output-dir", str(tmp_path / name), "--seq-length", str(seq),
-               "--parallel_mode", mode, "--checkpointing", checkpointing, "--max-train-steps", "5"]  # fmt: skip
-        res = run_job(cmd, cwd=ROOT, env=env, timeout=300)
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-        out = tmp_path / name
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["loss"] < rows[0]["loss"] - 0.05, rows
-        record = json.loads((out / "run_config.json").read_text())
-        assert record["launch"]["processes"] == 2 and record["args"]["parallel_mode"] == mode
-        config = json.loads((out / "config.json").read_text())
-        assert config["model_type"] == "gemma3_text" and config["layer_types"][5] == "full_attention"
-        thetas = {k: v["rope_theta"] for k, v in config["rope_parameters"].items()}
-        assert thetas == {"full_attention": 4e6, "sliding_attention": 1e4}  # the global layers' base raised only
-        assert any(f.suffix == ".safetensors" for f in out.iterdir())
-    (tmp_path / "eval" / "extended").mkdir(parents=True)
-    cmd = [zygote.python(), "-m", "easy_context.eval.compare", "--model", f"extended={tmp_path / 'eval' / 'extended'}",
-           "--base-length", "128", "--target-length", "256", "--train-metrics", str(tmp_path / "stage1_128"),
-           "--train-metrics", str(tmp_path / "extended"), "--output", str(tmp_path / "results")]  # fmt: skip
-    res = run_job(cmd, cwd=ROOT, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
-    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
-    assert list(summary["training_stages"]) == ["stage1_128", "extended"]
-    assert summary["training"]["steps"] == 5 and summary["training"]["tokens"] == 5 * 256
-    assert summary["training_stages"]["stage1_128"]["tokens"] == 5 * 128
-    text = (tmp_path / "results" / "summary.md").read_text()
-    assert "Training (stage1_128): 5 steps" in text and "Training (extended): 5 steps" in text
-    assert (tmp_path / "results" / "comparison.png").stat().st_size > 10_000
-
-
-@pytest.mark.skipif(os.environ.get("EC_MICRO_PIPELINE") != "1", reason="minutes of CPU: EC_MICRO_PIPELINE=1 runs it")
 def test_micro_pipeline_end_to_end(tmp_path):
-    """Every stage of extend.sh on the Gemma recipe's miniature, 2 processes (zigzag): model, data, before-evals,
-    the 512-token stage, the 1024-token stage from it, after-evals, the needle beyond, summary."""
-    env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "NPROC": "2", "WORK": str(tmp_path / "w"),
-           "PY": zygote.python(), "RULER": "0"}  # fmt: skip
+    """Every stage of the program on the Gemma recipe's miniature (its ``micro:`` values: a tiny Gemma 3 of the real
+    layer pattern, 5 sliding-window layers + 1 global, two RoPE bases, 4 query / 1 KV heads), 2 processes under
+    Ulysses: model, data, the before-evaluations (base, YaRN) beside the training, the 512-token stage (the recipe's
+    attn checkpointing), the 1024-token stage from its model (attn-global), the after-evaluations, the needle beyond,
+    the summary. The extended model's global layers carry the recipe's base, its sliding ones keep theirs."""
+    env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "NPROC": "2", "PARALLEL_MODE": "ulysses_attn",
+           "BASELINES": "base yarn", "WORK": str(tmp_path / "w"), "PY": zygote.python(), "RULER": "0"}  # fmt: skip
     res = run_job(["bash", "train_scripts/extend.sh", "train_scripts/gemma3_256k.yaml"], cwd=ROOT, env=env,
-                  timeout=1800)  # fmt: skip
+                  timeout=900)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    results = tmp_path / "w" / "results"
+    work, results = tmp_path / "w", tmp_path / "w" / "results"
     stages = dict(line.split("\t")[:2] for line in (results / "stages.tsv").read_text().splitlines())
     assert all(rc == "0" for rc in stages.values()), stages
-    assert {"stage1_512", "extended", "needle_extended", "summary"} <= set(stages)
+    assert {"model", "data_512", "data_1024", "needle_base", "ppl_base", "needle3_base", "prompts_base", "needle_yarn",
+            "stage1_512", "extended", "needle_extended", "ppl_extended", "needle3_extended", "prompts_extended",
+            "needle_long_extended_none", "needle_long_extended_yarn_2_1024", "summary"} <= set(stages)  # fmt: skip
+    for name, seq, checkpointing in (("stage1_512", 512, "attn"), ("extended", 1024, "attn-global")):
+        record = json.loads((work / name / "run_config.json").read_text())
+        assert record["launch"]["processes"] == 2 and record["args"]["parallel_mode"] == "ulysses_attn"
+        assert record["args"]["seq_length"] == seq and record["args"]["checkpointing"] == checkpointing
+    config = json.loads((work / "extended" / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["layer_types"][5] == "full_attention"
+    thetas = {k: v["rope_theta"] for k, v in config["rope_parameters"].items()}
+    assert thetas == {"full_attention": 4e6, "sliding_attention": 1e4}  # the global layers' base raised only
     summary = json.loads((results / "summary.json").read_text())
-    assert {"base", "linear", "yarn", "extended"} <= set(summary["models"])
+    assert {"base", "yarn", "extended"} <= set(summary["models"])
     assert list(summary["training_stages"]) == ["stage1_512", "extended"]
-    assert shlex.split("extend gemma3_256k: done")[0] in res.stdout
+    assert summary["training_stages"]["stage1_512"]["tokens"] == 3 * 512 and summary["training"]["steps"] == 4
+    assert (results / "comparison.png").stat().st_size > 10_000 and (results / "logs.tgz").is_file()
+    assert "extend gemma3_256k: done" in res.stdout
