@@ -47,7 +47,7 @@ CONFIGS = (
     "offload-split+tiled+chunked",
 )
 # the planner's optimizer placements, fastest first; host_adamw (fp32 master and moments in host memory, no DeepSpeed)
-# before ZeRO-3's optimizer offload: the same bytes on one GPU, without gathering the parameters on several
+# on one GPU only, before ZeRO-3's optimizer offload: the same bytes there
 OPTIMS = ("ddp", "zero3", "host_adamw", "zero3_offload_optimizer", "zero3_offload")
 SP_MODES = ("ulysses_attn", "zigzag_ring_attn")  # Ulysses where the heads divide the degree, else the ring
 MFU = 0.25  # measured: 32 % (SmolLM2 64K, no recompute) and 22 % (Gemma 3 256K, full recompute) on one H200
