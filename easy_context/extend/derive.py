@@ -305,7 +305,7 @@ def derive(
         settings |= {"nproc": gpus, "parallel_mode": mode}
     recipe = Recipe(
         target=target, base_length=native, rope_theta=theta, run_name=f"{_slug(str(label))}_{format_length(target)}",
-        model=model if isinstance(model, str) else None, parallel_mode=mode,
+        model=_model_folder(model), parallel_mode=mode,
         sp_size=setup.sp_size if setup.sp_size != gpus else None, micro_batch=1, grad_accum=1, steps=main.steps,
         learning_rate=lr, warmup_steps=warmup(main.steps), checkpointing=main_flags["checkpointing"],
         offload_layers=main_flags.get("offload-layers"), tiled_mlp=main_flags.get("tiled-mlp"),
@@ -317,6 +317,15 @@ def derive(
         settings=settings, why=why,
     )  # fmt: skip
     return Derived(recipe, tuple(plans), native, hardware)
+
+
+def _model_folder(model: object) -> str | None:
+    """The recipe's model: a local folder (or a config.json's) as an absolute path, since the pipeline runs from the
+    checkout's root; a hub id as given; None for a config given as values."""
+    if not isinstance(model, str):
+        return None
+    folder = os.path.dirname(model) if model.endswith("config.json") else model
+    return os.path.abspath(folder) if os.path.isdir(folder) else model
 
 
 def _slug(text: str) -> str:

@@ -221,6 +221,8 @@ def test_qwen25_7b_to_256k_on_one_141gb_gpu_offloads_the_optimizer():
     # the optimizer's fp32 state in host memory: train.py's host_adamw (no DeepSpeed), ZeRO-3's offload's bytes
     assert (plan.optim, plan.config, r.tiled_mlp is not None) == ("host_adamw", "full+tiled+chunked", True)
     assert r.settings["optim"] == "host_adamw" and "--optimizer host_adamw" in plan.train_flags
+    # several processes: never host_adamw (train.py refuses a whole optimizer state in each process's host memory)
+    assert derive(QWEN25_7B, 256 * K, gpus=2, gpu_mem="141GB", name="qwen2.5").recipe.settings["optim"] != "host_adamw"
     assert plan.gpu_bytes < 141e9 <= plan.gpu_bytes * 1.2  # fits, not by much
 
 

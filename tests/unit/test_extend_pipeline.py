@@ -253,6 +253,9 @@ def test_the_command_runs_a_recipe_or_derives_one(tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--model", str(tmp_path / "m"), "--to", "1K"]) == 0  # derive, write, run what it wrote
     assert ran[1] == "out/extend_m_1K/recipe.yaml" and (tmp_path / ran[1]).is_file()
+    from easy_context.extend.recipe import Recipe
+
+    assert Recipe.load(ran[1]).model == str(tmp_path / "m")  # absolute: the pipeline runs from the checkout's root
     for argv in (["--recipe", "r.yaml", "--model", "m"], ["--model", "m"], []):
         with pytest.raises(SystemExit):
             cli.main(argv)
