@@ -208,7 +208,8 @@ def test_micro_pipeline_end_to_end(tmp_path):
     attn checkpointing), the 1024-token stage from its model (attn-global), the after-evaluations, the needle beyond,
     the summary. The extended model's global layers carry the recipe's base, its sliding ones keep theirs."""
     env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "NPROC": "2", "PARALLEL_MODE": "ulysses_attn",
-           "BASELINES": "base yarn", "WORK": str(tmp_path / "w"), "PY": zygote.python(), "RULER": "0"}  # fmt: skip
+           "BASELINES": "base yarn", "WORK": str(tmp_path / "w"), "PY": zygote.python(), "RULER": "0",
+           "NEEDLE_STEP": "768", "PPL_SAMPLES": "2"}  # fmt: skip  # needles at 256 and 1024: every stage, fewer prompts
     res = run_job(["bash", "train_scripts/extend.sh", "train_scripts/gemma3_256k.yaml"], cwd=ROOT, env=env,
                   timeout=900)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
