@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
-from easy_context.extend.stages import FINISHED_SCRIPT, Background, StageRunner, newest_state, wait_for_file
+from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,9 +219,7 @@ class Pipeline:
                    *self.s.par, *(["--max-train-steps", steps] if steps else []),
                    *(["--resume-from", state] if state else []), *self.s.train_args, *flags, *self.extra]  # fmt: skip
         self.run_stage(name, command, env={"ACCELERATE_MIXED_PRECISION": self.s.mixed})
-        check = subprocess.run([self.py, "-", out, steps or self.s.recipe_steps], input=FINISHED_SCRIPT.encode(),
-                               env=self.env)  # fmt: skip
-        if check.returncode == 0:
+        if training_finished(out, int(steps or self.s.recipe_steps)):
             Path(out, "train_done").touch()
         else:
             self.log(f"{name}: not finished yet; the same command again continues")

@@ -1,13 +1,12 @@
 """The stage runner of the extension pipeline: each stage a command whose output goes to ``WORK/logs/NAME.log`` and
 whose exit status and seconds go to ``RESULTS/stages.tsv``; work beside the training in background threads; and the
-decisions about a training run's output folder (the newest saved state, whether it reached its steps).
+decisions about a training run's output folder (the newest complete state, whether it reached its steps).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -16,16 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# run by the pipeline's interpreter (PY: the run's own environment) after each training chunk: exit 0 when the run's
-# metrics reached the step count (training_finished is the same test in this process)
-FINISHED_SCRIPT = """import json, sys
-rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.strip()]
-sys.exit(0 if rows and rows[-1]["step"] >= int(sys.argv[2]) else 1)
-"""
-
 
 def training_finished(out: str | Path, steps: int) -> bool:
-    """Whether the run in ``out`` logged step ``steps`` (its last metrics row), as FINISHED_SCRIPT decides."""
+    """Whether the run in ``out`` logged step ``steps`` (its last metrics row)."""
     try:
         lines = Path(out, "metrics.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines if line.strip()]
@@ -34,18 +26,13 @@ def training_finished(out: str | Path, steps: int) -> bool:
     return bool(rows) and rows[-1].get("step", 0) >= int(steps)
 
 
-def _version_key(text: str) -> list[Any]:
-    """``sort -V``'s order for names that differ in their numbers: state-step10 after state-step9."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)]
-
-
 def newest_state(out: str | Path) -> str | None:
-    """The newest ``state-step*`` saved in ``out`` (by its step number), or None: where a chunked run resumes."""
-    folder = Path(out)
-    if not folder.is_dir():
-        return None
-    states = sorted((p.name for p in folder.glob("state-step*")), key=_version_key)
-    return str(Path(out) / states[-1]) if states else None
+    """The newest complete ``state-step*`` saved in ``out`` (train.py's own check of a state), or None: where a
+    chunked run resumes."""
+    from easy_context.training.train_state import last_good_checkpoint
+
+    state = last_good_checkpoint(out)
+    return None if state is None else str(state)
 
 
 def last_lines(path: str | Path, count: int = 3) -> list[str]:

@@ -36,16 +36,13 @@ if sys.argv[1:3] == ["-m", "easy_context.extend.pipeline"]:  # extend.sh's launc
     sys.exit(0)
 with open(os.environ["RECORD"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
-if sys.argv[1:2] == ["easy_context/training/recipe.py"]:  # the settings: the real ones
-    sys.path.insert(0, os.environ["ROOT"])
-    from easy_context.training.recipe import main
-    sys.exit(main(sys.argv[2:]))
 if sys.argv[1:2] == ["-c"]:  # the probe for flash-attn-4: not here
     sys.exit(1)
-if "train.py" in sys.argv:  # a training run: its model folder
+if "train.py" in sys.argv:  # a training run: its model folder, every step logged
     out = sys.argv[sys.argv.index("--output-dir") + 1]
     os.makedirs(out, exist_ok=True)
     open(os.path.join(out, "config.json"), "w").write("{{}}")
+    open(os.path.join(out, "metrics.jsonl"), "w").write(json.dumps({{"step": 10**9}}) + "\\n")
 """
 
 
