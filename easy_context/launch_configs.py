@@ -53,20 +53,6 @@ def path(name: str) -> str:
 # the planner's ZeRO-3 placements (easy_context.plan's --optim) and what each moves to host memory
 ZERO3_OFFLOADS = {"zero3": (), "zero3_offload_optimizer": ("offload_optimizer",),
                   "zero3_offload": ("offload_optimizer", "offload_param")}  # fmt: skip
-_ZERO3_YAML = """# written by easy_context.launch_configs.zero3_config: DeepSpeed ZeRO-3 ({optim}) for {n} processes
-compute_environment: LOCAL_MACHINE
-distributed_type: DEEPSPEED
-deepspeed_config:
-  deepspeed_config_file: {json}
-  zero3_init_flag: {init}
-machine_rank: 0
-main_training_function: main
-num_machines: 1
-num_processes: {n}
-rdzv_backend: static
-same_network: true
-use_cpu: {cpu}
-"""
 
 
 def zero3_config(optim: str, num_processes: int, folder: str | os.PathLike, cpu: bool = False) -> str:
@@ -76,6 +62,8 @@ def zero3_config(optim: str, num_processes: int, folder: str | os.PathLike, cpu:
     Returns the yaml's absolute path; ValueError naming the placements for another ``optim``."""
     if optim not in ZERO3_OFFLOADS:
         raise ValueError(f"optim {optim!r} is not a ZeRO-3 placement; one of {', '.join(ZERO3_OFFLOADS)}")
+    import yaml
+
     config = json.loads((CONFIG_DIR / "zero3_offload.json").read_text())
     for key in ("offload_optimizer", "offload_param"):
         if key not in ZERO3_OFFLOADS[optim]:
@@ -83,10 +71,12 @@ def zero3_config(optim: str, num_processes: int, folder: str | os.PathLike, cpu:
     out = Path(folder).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{optim}.json").write_text(json.dumps(config, indent=2) + "\n")
-    yaml = out / f"{optim}.yaml"
-    yaml.write_text(_ZERO3_YAML.format(optim=optim, n=num_processes, json=out / f"{optim}.json",
-                                       init=str(not cpu).lower(), cpu=str(cpu).lower()))  # fmt: skip
-    return str(yaml)
+    launch = yaml.safe_load((CONFIG_DIR / "single_node.yaml").read_text())  # the shipped ZeRO-3 launch, adapted
+    launch["deepspeed_config"] |= {"deepspeed_config_file": str(out / f"{optim}.json"), "zero3_init_flag": not cpu}
+    launch |= {"num_processes": num_processes, "use_cpu": cpu}
+    path = out / f"{optim}.yaml"
+    path.write_text(yaml.safe_dump(launch, sort_keys=False))
+    return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:

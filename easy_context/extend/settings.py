@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from easy_context.extend.recipe import BASELINES
 from easy_context.launch_configs import ZERO3_OFFLOADS
 from easy_context.training import recipe as recipe_io
 
-BASELINES = ("base", "rope_theta", "linear", "dynamic_ntk", "yarn")
 DEFAULT_BASELINES = "base rope_theta dynamic_ntk yarn"
 ONLY = ("", "before", "train")  # ONLY=before: the before-evaluations alone; ONLY=train: the model, data, training
 

@@ -225,6 +225,10 @@ def test_the_optimizer_placement_decides_the_launch(fake, tmp_path):
     assert "ACCELERATE_USE_CPU" not in pl.child_env(s, {"ACCELERATE_USE_CPU": "1"})  # it would drop DeepSpeed
     with pytest.raises(SettingsError, match="OPTIM='zero4'.*one of ddp, host_adamw, zero3"):
         resolve("r.yaml", {"OPTIM": "zero4"})
+    from easy_context.launch_configs import zero3_config
+
+    with pytest.raises(ValueError, match="'ddp' is not a ZeRO-3 placement; one of zero3, zero3_offload_optimizer"):
+        zero3_config("ddp", 1, tmp_path)
 
 
 def test_only_train_runs_the_model_data_and_training_stages(fake, tmp_path):
