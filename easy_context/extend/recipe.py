@@ -200,6 +200,9 @@ class Recipe:
         object.__setattr__(self, "stages", tuple(self.stages))
         _whole("seq-length", self.target, 1)
         _whole("pipeline.base_length", self.base_length, 1)
+        if self.target <= self.base_length:
+            raise ValueError(f"recipe seq-length: {self.target} does not extend pipeline.base_length "
+                             f"{self.base_length}; give a longer seq-length (the target)")  # fmt: skip
         _number("rope-theta", self.rope_theta)
         if not isinstance(self.run_name, str) or not self.run_name:
             raise ValueError(f"recipe pipeline.run_name: expected a name, got {self.run_name!r}")

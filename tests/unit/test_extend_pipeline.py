@@ -222,6 +222,8 @@ def test_the_optimizer_placement_decides_the_launch(fake, tmp_path):
     yaml_text = (tmp_path / "w2" / "launch" / "zero3_offload_optimizer.yaml").read_text()
     assert "distributed_type: DEEPSPEED" in yaml_text and "use_cpu: true" in yaml_text
     s = resolve("r.yaml", {"OPTIM": "zero3", "DEVICE": "cpu", "ACCELERATE_USE_CPU": "1"})
+    with pytest.raises(SettingsError, match="OPTIM=zero3 launches through a DeepSpeed config; none was written"):
+        s.launch("py")
     assert "ACCELERATE_USE_CPU" not in pl.child_env(s, {"ACCELERATE_USE_CPU": "1"})  # it would drop DeepSpeed
     with pytest.raises(SettingsError, match="OPTIM='zero4'.*one of ddp, host_adamw, zero3"):
         resolve("r.yaml", {"OPTIM": "zero4"})
@@ -264,6 +266,11 @@ def test_the_command_runs_a_recipe_or_derives_one(tmp_path, monkeypatch, capsys)
         with pytest.raises(SystemExit):
             cli.main(argv)
     assert "--recipe R.yaml" in capsys.readouterr().err
+    (tmp_path / "bad.yaml").write_text("seq-length: 64\nrope-theta: 100000.0\npipeline: {base_length: 128}\n")
+    with pytest.raises(SystemExit):
+        cli.main(["--recipe", "bad.yaml"])  # a target at or below the base length
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "bad.yaml: recipe seq-length: 64 does not extend pipeline.base_length 128" in err and len(ran) == 2
 
 
 def test_the_docs_commands_parse():
