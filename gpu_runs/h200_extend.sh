@@ -15,7 +15,8 @@
 # prompts, extracted into the work folder before the pipeline starts (their done markers skip them; SEED_MEMBERS:
 # which folders of it, default all); SEED_RULER=FILE: the base's RULER results (the threshold of the others');
 # ATTN_BENCH="bench/attention.py flags": the attention kernels alone on the model's shape while the GPU idles;
-# FA4_CHECK=1: tests/gpu/check_fa4_layouts.py before the pipeline (~3 min), its failure sets EVAL_KERNEL=flex.
+# FA4_CHECK=1: tests/gpu/check_fa4_layouts.py before the pipeline (~3 min), its failure sets EVAL_KERNEL=flex;
+# TRAIN_FLAGS="train.py flags": after every training run's own (an 80 GB card at 1M: "--checkpointing offload").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RECIPE=${1:?usage: bash gpu_runs/h200_extend.sh RECIPE.yaml stash N | start | wait SECONDS | collect | speed}
@@ -63,8 +64,8 @@ start)
             --json "$WORK/results/attention_$NAME.json" >"$WORK/attention.log" 2>&1 </dev/null &
     fi
     EVAL_PARTIAL=${EVAL_PARTIAL:-1} WORK=$WORK RESULTS=$WORK/results WHEELS=$MODEL_WHEELS PY=python3 \
-        PYTHONPATH=/tmp/sc:/root/repo setsid nohup bash train_scripts/extend.sh "$RECIPE" >"$WORK/run.log" 2>&1 \
-        </dev/null &
+        PYTHONPATH=/tmp/sc:/root/repo setsid nohup bash train_scripts/extend.sh "$RECIPE" ${TRAIN_FLAGS:-} \
+        >"$WORK/run.log" 2>&1 </dev/null &
     sleep 5
     echo "started (pid $!); log: $WORK/run.log"
     cat "$WORK/run.log" ;;

@@ -109,8 +109,8 @@ class Pipeline:
     # --- evaluations -------------------------------------------------------------------------------------------
 
     def evaluate(self, name: str, model: str) -> bool:
-        """Needle, perplexity (short windows and by length) of ``model`` into WORK/eval/NAME, and for the base and
-        the extended models the needle with distractors and the fixed prompts; skipped when its ``done`` marker is
+        """Needle, perplexity (short windows and by length) and the needle with 3 distractors (DISTRACTOR_SAMPLES) of
+        ``model`` into WORK/eval/NAME, and for the base and the extended models the fixed prompts; skipped when its ``done`` marker is
         there, marked done only when every part succeeded (each part runs only after the previous one did)."""
         out = self.path("eval", name)
         flags = baseline_args(name, self.s)
@@ -131,13 +131,13 @@ class Pipeline:
             (f"ppl_{name}", [self.py, "eval_ppl.py", "-m", model, *flags, *kernel, "--min-tokens", s.short,
                              "--max-tokens", s.ppl_max, "--truncate", *ppl_samples, "--output", f"{out}/ppl.csv"]),
         ]  # fmt: skip
+        if int(s.distractor_samples) > 0:  # every model on the same prompts: distractors separate training from scaling
+            steps.append((f"needle3_{name}", [self.py, "eval_needle.py", "--model", model, *flags, *kernel, *needle,
+                                              "--num_samples", s.distractor_samples, "--num_distractor", "3",
+                                              "--output-dir", f"{out}/needle3"]))  # fmt: skip
         if name == "base" or name.startswith("extended"):
-            steps += [
-                (f"needle3_{name}", [self.py, "eval_needle.py", "--model", model, *kernel, *needle, "--num_samples",
-                                     "2", "--num_distractor", "3", "--output-dir", f"{out}/needle3"]),
-                (f"prompts_{name}", [self.py, "-m", "easy_context.eval.fixed_prompts", "--model", model, "--output",
-                                     f"{out}/prompts.json"]),
-            ]  # fmt: skip
+            steps.append((f"prompts_{name}", [self.py, "-m", "easy_context.eval.fixed_prompts", "--model", model,
+                                              "--output", f"{out}/prompts.json"]))  # fmt: skip
         for stage, command in steps:
             if self.run_stage(stage, command) != 0:
                 return False

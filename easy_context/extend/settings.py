@@ -105,6 +105,7 @@ class Settings:
     needle_step: str
     needle_max: str
     samples: str
+    distractor_samples: str
     short: str
     ppl_samples: str
     ppl_max: str
@@ -267,6 +268,7 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         needle_step=v.get("NEEDLE_STEP", str(base_length)),
         needle_max=v.get("NEEDLE_MAX", str(target)),
         samples=samples,
+        distractor_samples=str(v.integer("DISTRACTOR_SAMPLES", 2)),
         short=v.get("SHORT", "2048"),
         ppl_samples=v.get("PPL_SAMPLES"),
         ppl_max=v.get("PPL_MAX", str(target)),
