@@ -111,8 +111,8 @@ class Pipeline:
     def evaluate(self, name: str, model: str) -> bool:
         """Needle, perplexity (short windows and by length) and the needle with 3 distractors (DISTRACTOR_SAMPLES) of
         ``model`` into WORK/eval/NAME, and for the base and the extended models the fixed prompts; skipped when its
-        ``done`` marker is
-        there, marked done only when every part succeeded (each part runs only after the previous one did)."""
+        ``done`` marker is there, marked done only when every part succeeded (each part runs only after the previous
+        one did)."""
         out = self.path("eval", name)
         flags = baseline_args(name, self.s)
         if os.path.isfile(os.path.join(out, "done")):
