@@ -369,8 +369,9 @@ def ruler_step(task: RulerTask, length: int) -> int:
     return max((length - task.max_new_tokens) // 32, 1)
 
 
-def _ruler_search(task: RulerTask, count: Callable[[int, object], int], target: int, length: int,
-                  estimate: Callable[[int], int]) -> int:
+def _ruler_search(
+    task: RulerTask, count: Callable[[int, object], int], target: int, length: int, estimate: Callable[[int], int]
+) -> int:
     """The size RULER's search settles on; ``count(n, draw)`` is the tokens of a prompt of ``n`` units drawn with
     ``draw``, ``estimate(n)`` those of the prompt RULER estimates the tokens per unit from (VT's without its worked
     example). NIAH, VT, CWE: a bisection in which every probe is a new draw, between one step and 3x (CWE: 2x) the
@@ -496,8 +497,7 @@ def make_case(
                 if key not in _SEARCHED:
                     if len(_SEARCHED) >= 1024:  # callers that pass new functions each time: do not grow forever
                         _SEARCHED.clear()
-                    _SEARCHED[key] = _ruler_search(task, probe_counter(setting), target, length,
-                                                   estimator(setting))
+                    _SEARCHED[key] = _ruler_search(task, probe_counter(setting), target, length, estimator(setting))
                 units = _ruler_units(task, length, target, count, _SEARCHED[key])
         except ValueError as exc:
             error = exc
