@@ -87,7 +87,7 @@ def evaluate(model, tok, hay, lengths, n, dig, dev):
             tot = 0.0
             for s in range(n):
                 case = make_case(hay, length, [0, 25, 50, 75, 100][s % 5], s, dig, 0, 123)
-                ids, st = answer_split(tok, case.prompt, case.answer, False)
+                ids, st = answer_split(tok, case.prompt, case.answer)
                 x = torch.tensor([ids[:-1]], device=dev)
                 with torch.autocast("cuda", torch.bfloat16, enabled=dev == "cuda"):
                     lg = model(x, use_cache=False).logits[0, st - 1 :].float()

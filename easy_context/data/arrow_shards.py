@@ -11,7 +11,7 @@ import numpy as np
 
 from easy_context.data.columns import INPUT_IDS, LABELS, POSITION_IDS
 from easy_context.data.needle_stream import NeedleStream
-from easy_context.data.packing import document_positions
+from easy_context.data.packing import begin_rows, document_positions
 
 SHARD_FILE_BYTES = 500 << 20  # per output file (datasets' default max_shard_size)
 
@@ -19,14 +19,16 @@ SHARD_FILE_BYTES = 500 << 20  # per output file (datasets' default max_shard_siz
 class ShardWriter:
     """Rows in, a ``save_to_disk``-layout dataset out: arrow stream files ``data-XXXXX-of-NNNNN.arrow`` of up to
     ``file_bytes`` each, one record batch per ``batch_rows`` rows (the rows held in memory), and ``state.json`` and
-    ``dataset_info.json`` (written by :meth:`close`). A file is named ``*.arrow.partial`` until :meth:`close`."""
+    ``dataset_info.json`` (written by :meth:`close`). A file is named ``*.arrow.partial`` until :meth:`close`.
+    ``start``: the tokenizer's start ids, written at the head of each row that lacks them (:func:`begin_rows`)."""
 
     def __init__(self, folder: str, row_len: int, batch_rows: int, eos_id: int, positions: bool,
-                 needles: NeedleStream | None, file_bytes: int = SHARD_FILE_BYTES) -> None:  # fmt: skip
+                 needles: NeedleStream | None, file_bytes: int = SHARD_FILE_BYTES,
+                 start: list[int] | None = None) -> None:  # fmt: skip
         import pyarrow as pa
 
         self.folder, self.row_len, self.eos_id, self.positions = folder, row_len, eos_id, positions
-        self.needles, self.file_bytes = needles, file_bytes
+        self.needles, self.file_bytes, self.start = needles, file_bytes, start or []
         self.buffer = np.empty((max(1, batch_rows), row_len), dtype=np.int32)
         self.fill = 0
         self.shards: list[str] = []
@@ -53,6 +55,7 @@ class ShardWriter:
             return
         rows = self.buffer[: self.fill]
         trained = self.needles.apply(rows) if self.needles is not None else None
+        begin_rows(rows, self.start, self.eos_id)
         columns = [_fixed_list(rows)]
         if self.positions:
             columns.append(_fixed_list(document_positions(rows, self.eos_id, dtype=np.int32)))

@@ -1,6 +1,15 @@
 """Packing: EOS-terminated documents, optionally length-upsampled and shuffled, cut into fixed-length rows.
 
 Each row has ``seq_length + 1`` tokens: the model reads ``row[:-1]`` and is trained to predict ``row[1:]``.
+
+Where the tokenizer starts every sequence with BOS (Llama, Mistral, Gemma; not SmolLM2 or GPT-2), both every
+document and every row start with it, as in pre-training: documents are encoded as the tokenizer encodes a sequence
+(``BOS text``, then EOS here: :func:`easy_context.models.tokenizer.encode_documents`), and a row that begins inside a
+document gets BOS written over its first id (:func:`begin_rows`; that id is context only, never a target). So
+position 0 of a row is BOS (a prompt's position 0 at evaluation) -- but for a row cut right after a document's last
+token, which starts with that document's EOS and then the next document's BOS (about one row in a mean document
+length) -- BOS is never twice in a row, and with ``documents`` packing every document attended on its own starts with
+BOS.
 Documents flow across row boundaries (no padding); the incomplete tail is dropped. Two packings
 (:data:`PACK_MODES`): ``concat`` rows attend across documents (EasyContext's behaviour); ``documents`` rows come with
 per-token position ids restarting at 0 at each document (:func:`document_positions`), which transformers and
@@ -40,6 +49,20 @@ def document_positions(rows: np.ndarray, eos_id: int, dtype: np.dtype = np.int64
     del starts
     np.maximum.accumulate(last_start, axis=1, out=last_start)
     return np.subtract(idx, last_start, out=last_start)
+
+
+def begin_rows(rows: np.ndarray, start: list[int], eos_id: int) -> np.ndarray:
+    """``rows`` (rows, length), changed in place: ``start`` (the tokenizer's start ids) written over the first ids of
+    every row that begins inside a document. A row that already begins with them is left alone, and so is one that
+    begins with the previous document's ``eos_id`` right before them (writing there would put BOS twice in a row).
+    Returns ``rows``."""
+    k = len(start)
+    if k and rows.size:
+        head = np.asarray(start, dtype=rows.dtype)
+        begun = (rows[:, :k] == head).all(axis=1)
+        begun |= (rows[:, 0] == eos_id) & (rows[:, 1 : k + 1] == head).all(axis=1)
+        rows[~begun, :k] = head
+    return rows
 
 
 @dataclass

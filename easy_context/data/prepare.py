@@ -16,11 +16,11 @@ import torch
 
 from easy_context.data.columns import HAYSTACK_CHARS, INPUT_IDS, LABELS, POSITION_IDS, keep_text
 from easy_context.data.needles import NeedleMix, mix_retrieval_rows
-from easy_context.data.packing import PACK_MODES, PackStats, _check_args, document_positions, pack_to_array
+from easy_context.data.packing import PACK_MODES, PackStats, _check_args, begin_rows, document_positions, pack_to_array
 from easy_context.data.random_tokens import RandomTokens, random_source_rows
 from easy_context.data.recall import RecallMix, mix_recall_rows
 from easy_context.data.sources import is_saved_dataset, load_documents, load_saved_dataset
-from easy_context.models.tokenizer import load_tokenizer
+from easy_context.models.tokenizer import encode_documents, load_tokenizer, start_ids
 
 _BATCH = 256
 DEFAULT_MAX_MEMORY_GB = 4.0
@@ -144,6 +144,7 @@ def prepare_dataset(
     recall_rows = 0
     if recall is not None and recall.fraction > 0:
         rows, trained, recall_rows = mix_recall_rows(rows, tokenizer, recall, seed)
+    begin_rows(rows, start_ids(tokenizer), eos_id)
     row_len = seq_length + 1
     column = pa.FixedSizeListArray.from_arrays(pa.array(rows.astype(np.int32).reshape(-1)), row_len)
     columns = {INPUT_IDS: column}
@@ -259,7 +260,8 @@ def pack_stats(dataset) -> PackStats | None:
 def tokenize_documents(
     documents: Iterable[str], tokenizer, num_proc: int = 1, show_progress: bool = True
 ) -> Iterator[list[int]]:
-    """Yield the token ids of each document (no special tokens added), with a tqdm bar over documents."""
+    """Yield the token ids of each document (:func:`encode_documents`: the tokenizer's start ids first, no EOS), with
+    a tqdm bar over documents."""
     if num_proc > 1:
         yield from _tokenize_parallel(documents, tokenizer, num_proc, show_progress)
         return
@@ -267,7 +269,7 @@ def tokenize_documents(
 
     with tqdm(desc="tokenizing", unit="doc", disable=not show_progress) as bar:
         for batch in _batches(documents, _BATCH):
-            encoded = tokenizer(batch, add_special_tokens=False)[INPUT_IDS]
+            encoded = encode_documents(tokenizer, batch)
             bar.update(len(batch))
             yield from encoded
 
@@ -278,7 +280,7 @@ def _tokenize_parallel(documents: Iterable[str], tokenizer, num_proc: int, show_
     texts = datasets.Dataset.from_dict({"text": list(documents)})
 
     def encode(batch):
-        return {INPUT_IDS: tokenizer(batch["text"], add_special_tokens=False)[INPUT_IDS]}
+        return {INPUT_IDS: encode_documents(tokenizer, batch["text"])}
 
     with _datasets_progress(show_progress):
         encoded = texts.map(encode, batched=True, batch_size=_BATCH, num_proc=num_proc, remove_columns=["text"])

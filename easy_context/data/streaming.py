@@ -51,6 +51,7 @@ from easy_context.data.packing import PackStats, _check_args
 from easy_context.data.recall import RecallMixer
 from easy_context.data.shuffle import KeySpill, random_keys
 from easy_context.data.token_batches import token_batches
+from easy_context.models.tokenizer import start_ids
 
 _DOCS, _ROWS = 1, 2  # key streams
 
@@ -299,7 +300,8 @@ class _Run:
         elif self.recall is not None:
             self.mixer = RecallMixer(self.tokenizer, self.recall, self.seed, self.stats.rows)
         self.writer = ShardWriter(self.output_dir, self.row_len, self.batch_rows, self.eos_id,
-                                  self.pack_mode == "documents", self.mixer)  # fmt: skip
+                                  self.pack_mode == "documents", self.mixer,
+                                  start=start_ids(self.tokenizer))  # fmt: skip
         for c in self.shuffled:
             self.packers[c] = RowPacker(self.row_len, self.block_rows, self._sink(c, self.writer))
         if self.seed is None:

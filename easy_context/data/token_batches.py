@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from easy_context.data.columns import INPUT_IDS
+from easy_context.models.tokenizer import encode_documents
 
 
 def token_batches(documents: Iterable[str], tokenizer, batch_chars: int, num_proc: int = 1,
@@ -53,8 +53,9 @@ def _encode_in_worker(batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_batch(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``texts`` tokenized (no special tokens): the ids concatenated (int64) and the count per text."""
-    ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)[INPUT_IDS]
+    """``texts`` tokenized as documents (:func:`encode_documents`: the tokenizer's start ids first, no EOS): the ids
+    concatenated (int64) and the count per text."""
+    ids = encode_documents(tokenizer, texts)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     if not lengths.sum():
         return np.zeros(0, dtype=np.int64), lengths

@@ -4,6 +4,8 @@
 
 Writes ``[{"prompt", "chat", "output", "expect", "found"}]``: ``found`` is whether the expected word appears in the
 output (None for prompts without one). Chat prompts use the tokenizer's chat template (plain text without one).
+Every prompt starts as the model was pre-trained: with the tokenizer's BOS when it adds one (Gemma answers "The The
+The" without it), once (:func:`easy_context.models.tokenizer.encode`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import torch
 
 from easy_context import cli
+from easy_context.models.tokenizer import encode
 
 # (prompt, through the chat template, a word the answer should contain)
 PROMPTS: tuple[tuple[str, bool, str | None], ...] = (
@@ -27,14 +30,19 @@ PROMPTS: tuple[tuple[str, bool, str | None], ...] = (
 )
 
 
-def answer(model, tokenizer, prompt: str, chat: bool, max_new_tokens: int) -> str:
-    """The greedy continuation of ``prompt`` (through the chat template when ``chat`` and the tokenizer has one)."""
+def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """The model input of ``prompt`` (through the chat template when ``chat`` and the tokenizer has one)."""
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)  # fmt: skip
     else:
         text = prompt
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"].to(model.device)
+    return encode(tokenizer, text)
+
+
+def answer(model, tokenizer, prompt: str, chat: bool, max_new_tokens: int) -> str:
+    """The greedy continuation of ``prompt`` (:func:`prompt_ids`)."""
+    ids = torch.tensor([prompt_ids(tokenizer, prompt, chat)], device=model.device)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)

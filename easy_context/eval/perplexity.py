@@ -1,7 +1,8 @@
 """Perplexity at a context length: evaluation documents, windows over them, and the token-weighted global mean.
 
-For a length L each document is read in windows of L tokens (a BOS token, when the tokenizer uses one, counts
-toward L). ``truncate``: one window, the document's first L tokens. Otherwise a sliding window with stride S
+For a length L each document is read in windows of L tokens, each window after the ids the tokenizer starts a
+sequence with (its BOS when it adds one: :func:`easy_context.models.tokenizer.start_ids`), which count toward L.
+``truncate``: one window, the document's first L tokens. Otherwise a sliding window with stride S
 (EasyContext's ``--sliding-window``): every token is scored once, with up to L - 1 tokens of left context.
 The perplexity is ``exp(sum of all scored token losses / number of scored tokens)`` over every window,
 document and rank (sequence-parallel shards and data-parallel shares alike).
@@ -97,9 +98,8 @@ def windows(doc_tokens: int, window: int, stride: int, truncate: bool) -> list[W
     return out
 
 
-def window_inputs(doc: list[int], win: Window, bos_id: int | None) -> tuple[list[int], list[int]]:
-    """(input ids, shifted targets with -100 for unscored positions) of one window, BOS in front if given."""
-    lead = [bos_id] if bos_id is not None else []
+def window_inputs(doc: list[int], win: Window, lead: list[int]) -> tuple[list[int], list[int]]:
+    """(input ids, shifted targets with -100 for unscored positions) of one window, ``lead`` (the start ids) first."""
     ids = lead + doc[win.begin : win.end]
     targets = ids[1:] + [-100]
     for i in range(len(ids) - 1):  # target i is document token win.begin + i + 1 - len(lead)
@@ -124,18 +124,19 @@ def perplexity_at(
     length: int,
     stride: int,
     truncate: bool,
-    bos_id: int | None,
+    lead: list[int],
     pad_id: int,
     progress=None,
 ) -> PplResult:
-    """Perplexity of ``docs`` at context ``length`` (collective: every rank calls it with the same docs)."""
-    window = length - (1 if bos_id is not None else 0)
+    """Perplexity of ``docs`` at context ``length``, each window after ``lead`` (the tokenizer's start ids, counted in
+    ``length``) (collective: every rank calls it with the same docs)."""
+    window = length - len(lead)
     total = torch.zeros((), dtype=torch.float64)
     count = 0
     for index in runtime.my_share(len(docs)):
         doc = docs[index]
         for win in windows(len(doc), window, stride, truncate):
-            ids, targets = window_inputs(doc, win, bos_id)
+            ids, targets = window_inputs(doc, win, lead)
             part, n = loss_sum(model_with_loss, runtime, ids, targets, pad_id)
             total += part.double().cpu()
             count += int(n)

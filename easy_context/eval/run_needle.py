@@ -28,7 +28,7 @@ from easy_context.eval.plots import needle_heatmap
 from easy_context.eval.results import cell_scores, write_csv, write_json
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import score_case
-from easy_context.eval.tokens import adds_bos, unlimited
+from easy_context.eval.tokens import unlimited
 from easy_context.models import PRESETS
 from easy_context.models.source import model_source_error
 from easy_context.models.tokenizer import load_tokenizer
@@ -107,7 +107,6 @@ def main(argv=None) -> None:
             f"note: {args.haystack_dir} holds {haystack.total_tokens // haystack.repeats} tokens, fewer than "
             f"--max_context_length {lengths[-1]}: the haystack is repeated {haystack.repeats} times"
         )
-    bos = adds_bos(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     runtime.print(
         f"eval_needle: {args.model} | {runtime.seq_algo} on {runtime.world_size} process(es) | "
@@ -123,7 +122,7 @@ def main(argv=None) -> None:
         length, depth, sample = cells[index]
         case = make_case(haystack, length, depth, sample, args.rnd_number_digits, args.num_distractor, args.seed)
         with torch.no_grad():
-            row = score_case(model, runtime, tokenizer, case, bos, pad_id, args.generate)
+            row = score_case(model, runtime, tokenizer, case, pad_id, args.generate)
         if length not in warned:
             warned.add(length)
             message = position_warning(model.config, row["prompt_tokens"] + row["answer_tokens"], args.model)

@@ -27,11 +27,11 @@ from easy_context.data import load_documents
 from easy_context.eval.perplexity import perplexity_at, ppl_lengths, select_documents, tokenize_documents
 from easy_context.eval.results import write_csv
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
-from easy_context.eval.tokens import adds_bos, unlimited
+from easy_context.eval.tokens import unlimited
 from easy_context.loss import CausalLMWithLoss
 from easy_context.models import PRESETS
 from easy_context.models.source import model_source_error
-from easy_context.models.tokenizer import load_tokenizer
+from easy_context.models.tokenizer import load_tokenizer, start_ids
 from easy_context.tasks.haystack import FETCH_HINT
 from easy_context.training.process_exit import run_program
 
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
         samples = load_samples(args, tokenizer, lengths[-1])
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
-    bos_id = tokenizer.bos_token_id if adds_bos(tokenizer) else None
+    lead = start_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     mode = "truncate" if args.truncate else f"sliding {args.sliding_window}"
     runtime.print(
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
                 file=sys.stderr,
             )
             result = perplexity_at(
-                scorer, runtime, samples, length, args.sliding_window, args.truncate, bos_id, pad_id, progress=bar
+                scorer, runtime, samples, length, args.sliding_window, args.truncate, lead, pad_id, progress=bar
             )
             bar.close()
             rows.append(

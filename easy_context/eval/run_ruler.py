@@ -51,9 +51,9 @@ from easy_context.eval.ruler.scoring import (
 )
 from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_model_from_args, position_warning
 from easy_context.eval.scoring import answer_split
-from easy_context.eval.tokens import adds_bos, encode, unlimited
+from easy_context.eval.tokens import unlimited
 from easy_context.models import PRESETS, missing_local_path
-from easy_context.models.tokenizer import load_tokenizer
+from easy_context.models.tokenizer import encode, load_tokenizer, start_ids
 from easy_context.tasks.haystack import read_haystack_text
 from easy_context.tasks.ruler.builders import RULER_TASK_COUNT, SIZINGS, unit_name
 from easy_context.tasks.ruler.vocab import english_words, key_pairs
@@ -176,25 +176,23 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def prompt_wrapper(tokenizer, template: str):
-    """``(wrap, bos, name)``: ``wrap(body, answer_prefix)`` -> the model input text, whether to put the BOS token in
-    front, and the template used (``auto`` resolved: chat when the tokenizer has a chat template, else base)."""
+    """``(wrap, name)``: ``wrap(body, answer_prefix)`` -> the model input text (encoded by :func:`encode`: the
+    tokenizer's BOS first when it adds one, once), and the template used (``auto`` resolved: chat when the tokenizer
+    has a chat template, else base)."""
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     if template == "auto":
         template = "chat" if has_chat else "base"
     if template == "base":  # RULER's "base" template: the task prompt, the answer prefix right after it
-        return (lambda body, prefix: body + prefix), adds_bos(tokenizer), "base"
+        return (lambda body, prefix: body + prefix), "base"
     if not has_chat:
         raise ValueError("--template chat: this tokenizer has no chat template; use --template base")
-    prefix_text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
-                                                add_generation_prompt=True)  # fmt: skip
-    bos = adds_bos(tokenizer) and not (tokenizer.bos_token and prefix_text.startswith(tokenizer.bos_token))
 
     def wrap(body: str, prefix: str) -> str:
         messages = [{"role": "user", "content": body}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text + prefix  # RULER puts the answer prefix right after the model's template, as is
 
-    return wrap, bos, "chat"
+    return wrap, "chat"
 
 
 def score_generated(model, runtime, tokenizer, ids: list[int], case, pad_id: int, budget: int) -> dict:
@@ -228,11 +226,11 @@ def batches(indices: list[int], lengths: list[int], size: int) -> list[list[int]
     return out
 
 
-def score_teacher_forced(model, runtime, tokenizer, case, bos: bool, pad_id: int) -> dict:
+def score_teacher_forced(model, runtime, tokenizer, case, pad_id: int) -> dict:
     """Each expected string right after the answer prefix: 1 when every one of its tokens is the argmax."""
     hits = []
     for answer in case.answers:
-        ids, start = answer_split(tokenizer, case.text, " " + answer, bos)
+        ids, start = answer_split(tokenizer, case.text, " " + answer)
         logits = logits_at(model, runtime, ids[:-1], list(range(start - 1, len(ids) - 1)), pad_id)
         hits.append(bool((logits.argmax(-1).cpu() == torch.tensor(ids[start:])).all()))
     return {"score": sum(hits) / len(hits), "output": "", "new_tokens": 0}
@@ -326,11 +324,12 @@ def summary_markdown(summary: dict) -> str:
 
 def write_prompts(args, tasks, tokenizer, essay_words) -> int:
     """--prompts_only: every prompt as one JSON line; no model. Returns the number written."""
-    wrap, bos, template = prompt_wrapper(tokenizer, args.template)
+    wrap, template = prompt_wrapper(tokenizer, args.template)
+    start = start_ids(tokenizer)
     written = 0
 
     def count(text: str) -> int:  # one function for every prompt: the size search runs once per task and length
-        return len(encode(tokenizer, text, bos))
+        return len(encode(tokenizer, text, start))
 
     os.makedirs(os.path.dirname(os.path.abspath(args.prompts_only)), exist_ok=True)
     with open(args.prompts_only, "w", encoding="utf-8") as f:
@@ -338,12 +337,12 @@ def write_prompts(args, tasks, tokenizer, essay_words) -> int:
             for task in tasks:
                 for sample in range(args.num_samples):
                     case = make_case(task, length, sample, count, wrap, essay_words, args.seed, args.sizing)
-                    tokens = len(encode(tokenizer, case.text, bos))
+                    ids = encode(tokenizer, case.text, start)
                     f.write(json.dumps({"task": task.name, "length": length, "sample": sample, "template": template,
-                                        "sizing": case.sizing, "tokens": tokens,
+                                        "sizing": case.sizing, "tokens": len(ids),
                                         "tokens_to_generate": case.max_new_tokens,
                                         "answers": case.answers, "units": case.units, "unit": unit_name(task),
-                                        "deviation": case.deviation, "bos": bos, "text": case.text},
+                                        "deviation": case.deviation, "start_ids": ids[: len(start)], "text": case.text},
                                        ensure_ascii=False) + "\n")  # fmt: skip
                     written += 1
     return written
@@ -364,7 +363,8 @@ def main(argv=None) -> None:
             return
         runtime = init_runtime(args.parallel_mode, args.kernel, **option_values(args))
         tokenizer = unlimited(load_tokenizer(args.tokenizer or args.model))
-        wrap, bos, template = prompt_wrapper(tokenizer, args.template)
+        wrap, template = prompt_wrapper(tokenizer, args.template)
+        start = start_ids(tokenizer)
         model = load_eval_model_from_args(args.model, runtime, len(tokenizer), args, max_length=max(args.lengths))
     except (OSError, RuntimeError, ValueError) as exc:
         sys.exit(f"error: {exc}")
@@ -379,7 +379,7 @@ def main(argv=None) -> None:
         runtime.print(f"eval_ruler: {budget_note} (scores are not comparable with RULER's)")
 
     def count(text: str) -> int:
-        return len(encode(tokenizer, text, bos))
+        return len(encode(tokenizer, text, start))
 
     cells = [(task, n, s) for n in args.lengths for task in tasks for s in range(args.num_samples)]
     mine = runtime.my_share(len(cells))
@@ -403,7 +403,7 @@ def main(argv=None) -> None:
                 cases.append(make_case(task, length, sample, count, wrap, essay_words, args.seed, args.sizing))
             except (RuntimeError, ValueError) as exc:
                 sys.exit(f"error: {task.name} at {length} tokens: {exc}")
-            prompts.append(encode(tokenizer, cases[-1].text, bos))
+            prompts.append(encode(tokenizer, cases[-1].text, start))
             if length not in warned:
                 warned.add(length)
                 message = position_warning(model.config, len(prompts[-1]) + cases[-1].max_new_tokens, args.model)
@@ -411,7 +411,7 @@ def main(argv=None) -> None:
                     runtime.print(message)
         with torch.no_grad():
             if args.scoring == "teacher_forced":
-                results = [score_teacher_forced(model, runtime, tokenizer, case, bos, pad_id) for case in cases]
+                results = [score_teacher_forced(model, runtime, tokenizer, case, pad_id) for case in cases]
             elif batch > 1:
                 results = score_generated_batch(model, runtime, tokenizer, prompts, cases, pad_id, budgets)
             else:

@@ -13,14 +13,16 @@ import torch
 
 from easy_context.eval.forward import greedy_generate, logits_at
 from easy_context.eval.runtime import EvalRuntime
-from easy_context.eval.tokens import common_prefix_length, encode
+from easy_context.eval.tokens import common_prefix_length
+from easy_context.models.tokenizer import encode
 from easy_context.tasks.needle import NeedleCase
 
 
-def answer_split(tokenizer, prompt: str, answer: str, bos: bool) -> tuple[list[int], int]:
-    """(ids of ``prompt + answer``, index of the first answer token) — the answer tokens are ``ids[start:]``."""
-    full = encode(tokenizer, prompt + answer, bos)
-    start = common_prefix_length(encode(tokenizer, prompt, bos), full)
+def answer_split(tokenizer, prompt: str, answer: str) -> tuple[list[int], int]:
+    """(ids of ``prompt + answer``, index of the first answer token) — the answer tokens are ``ids[start:]``; the
+    model input starts as :func:`encode` starts it (the tokenizer's BOS when it adds one)."""
+    full = encode(tokenizer, prompt + answer)
+    start = common_prefix_length(encode(tokenizer, prompt), full)
     start = min(max(start, 1), len(full) - 1)  # at least one token of context, at least one answer token
     return full, start
 
@@ -30,12 +32,11 @@ def score_case(
     runtime: EvalRuntime,
     tokenizer,
     case: NeedleCase,
-    bos: bool,
     pad_id: int,
     generate: bool = False,
 ) -> dict:
     """One results row: teacher-forced exact match (``correct``), the argmax text and, with ``generate``, greedy."""
-    ids, start = answer_split(tokenizer, case.prompt, case.answer, bos)
+    ids, start = answer_split(tokenizer, case.prompt, case.answer)
     targets = torch.tensor(ids[start:])
     logits = logits_at(model, runtime, ids[:-1], list(range(start - 1, len(ids) - 1)), pad_id).cpu()
     predicted = logits.argmax(dim=-1)
@@ -53,7 +54,7 @@ def score_case(
         "answer_tokens": len(ids) - start,
     }
     if generate:
-        prompt_ids = encode(tokenizer, case.prompt, bos)
+        prompt_ids = encode(tokenizer, case.prompt)
         new = greedy_generate(model, runtime, prompt_ids, len(ids) - start + 2, pad_id, tokenizer.eos_token_id)
         text = tokenizer.decode(new, skip_special_tokens=True)
         row["generated"] = text

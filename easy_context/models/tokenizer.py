@@ -27,3 +27,30 @@ def load_tokenizer(name_or_path: str):
             "folder, or train one: `python -m easy_context.data --dataset SRC --output DIR --seq-length N "
             "--train-tokenizer 8000` writes DIR/tokenizer."
         ) from e
+
+
+def start_ids(tokenizer) -> list[int]:
+    """The ids ``tokenizer`` puts in front of every sequence it encodes by default: ``[bos]`` for Llama, Mistral and
+    Gemma, ``[]`` for SmolLM2 or GPT-2. What a model read at position 0 in pre-training, so what every prompt and
+    every training row starts with here."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    for i in range(len(full) - len(plain) + 1):  # what precedes the text's own ids (a trailing EOS is not wanted)
+        if full[i : i + len(plain)] == plain:
+            return list(full[:i])
+    return []
+
+
+def encode(tokenizer, text: str, start: list[int] | None = None) -> list[int]:
+    """The ids of ``text`` as a model input: :func:`start_ids` first unless the text already begins with them (a chat
+    template that writes ``<bos>`` itself), then the text without special tokens (no EOS). ``start``: the result of
+    :func:`start_ids`, passed by callers that encode many texts."""
+    return encode_documents(tokenizer, [text], start)[0]
+
+
+def encode_documents(tokenizer, texts: list[str], start: list[int] | None = None) -> list[list[int]]:
+    """Each of ``texts`` as :func:`encode` encodes it (start ids first, once; no EOS), tokenized in one batch: the
+    documents a training row is packed from."""
+    start = start_ids(tokenizer) if start is None else start
+    batch = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return [list(ids) if list(ids[: len(start)]) == start else [*start, *ids] for ids in batch]

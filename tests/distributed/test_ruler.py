@@ -346,13 +346,13 @@ def test_threshold_from_a_run_without_its_native_length_is_refused_up_front(tmp_
 
 
 def test_template_is_chat_for_a_tokenizer_with_one_else_base(tokenizer):
-    wrap, _, name = prompt_wrapper(tokenizer, "auto")
+    wrap, name = prompt_wrapper(tokenizer, "auto")
     assert name == "base" and wrap("BODY", " PREFIX") == "BODY PREFIX"
     chat = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     chat.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<assistant>"
-    wrap, _, name = prompt_wrapper(chat, "auto")
+    wrap, name = prompt_wrapper(chat, "auto")
     assert name == "chat" and wrap("BODY", " PREFIX") == "<user>BODY</user><assistant> PREFIX"
-    assert prompt_wrapper(chat, "base")[2] == "base"
+    assert prompt_wrapper(chat, "base")[1] == "base"
     with pytest.raises(ValueError, match="--template base"):
         prompt_wrapper(tokenizer, "chat")
 
@@ -369,7 +369,8 @@ def test_prompts_only_writes_every_prompt_without_a_model(tokenizer, tmp_path):
         (n, t, s) for n in (1024, 2048) for t in ("niah_single_1", "vt", "fwe") for s in (0, 1)]  # fmt: skip
     for row in rows:
         ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"]
-        assert row["tokens"] == len(ids) + row["bos"] and row["tokens"] + row["tokens_to_generate"] <= row["length"]
+        assert row["tokens"] == len(ids) + len(row["start_ids"])
+        assert row["tokens"] + row["tokens_to_generate"] <= row["length"]
         assert row["template"] == "base" and row["answers"] and row["units"] > 0
         assert string_match_all(oracle(row["task"], row["text"]), row["answers"]) == 1.0
     assert {r["tokens_to_generate"] for r in rows if r["task"] == "vt"} == {30}

@@ -145,7 +145,7 @@ def test_needle_sits_at_the_requested_depth(setup, tmp_path, kind):
         # within one sentence of the requested depth: the nearest boundary is at most a sentence away
         sentence = max(haystack.token_lengths[max(case.boundary - 1, 0) : case.boundary + 1]) + 2
         assert abs(got - depth / 100 * total) <= sentence, (depth, got, total, sentence)
-        ids, first = answer_split(tok, case.prompt, case.answer, bos=False)
+        ids, first = answer_split(tok, case.prompt, case.answer)
         assert tok.decode(ids[first:]) == case.answer and case.answer == f" {case.number}"
 
 
@@ -177,7 +177,7 @@ def test_windows_score_every_token_once():
     for stride, truncate in ((30, False), (200, False), (1, True)):
         scored = []
         for win in windows(len(doc), 40, stride, truncate):
-            ids, targets = window_inputs(doc, win, bos_id=7)
+            ids, targets = window_inputs(doc, win, [7])
             assert len(ids) <= 41 and ids[0] == 7
             scored += [t for t in targets if t != -100]
         assert scored == (doc[:40] if truncate else doc)

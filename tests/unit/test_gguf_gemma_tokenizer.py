@@ -9,16 +9,12 @@ file must cut text exactly as the trained one does, whatever transformers' own G
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
 
-gguf = pytest.importorskip("gguf")
+from tests.support.gemma_gguf import essays, train_pieces, write_gemma_gguf
 
-ROOT = Path(__file__).resolve().parents[2]
-SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-BYTES = [f"<0x{b:02X}>" for b in range(256)]
+pytest.importorskip("gguf")
+
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "  two  spaces\tand a tab\n\n\nnewlines, then    four",
@@ -29,57 +25,13 @@ TEXTS = [
 ]
 
 
-def essays(n_chars: int = 400_000) -> list[str]:
-    lines = []
-    for path in sorted((ROOT / "PaulGrahamEssays").glob("*.txt")):
-        lines += path.read_text(encoding="utf-8").splitlines()
-        if sum(map(len, lines)) > n_chars:
-            break
-    return [line for line in lines if line.strip()]
-
-
 @pytest.fixture(scope="module")
 def trained():
     """(the trained tokenizer, its pieces by id): specials, the 256 byte pieces, then the alphabet and merges."""
-    from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers, trainers
-    from tokenizers.models import BPE
-
     lines = essays()
     if len(lines) < 100:
         pytest.skip("PaulGrahamEssays/ holds too little text (python PaulGrahamEssays/fetch.py)")
-    tok = Tokenizer(BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")  # none: \u2581 is not " "
-    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=SPECIAL + BYTES, show_progress=False)
-    tok.train_from_iterator(lines, trainer)
-    pieces = [tok.id_to_token(i) for i in range(tok.get_vocab_size())]
-    tok.add_special_tokens([AddedToken(p, normalized=False, special=True) for p in SPECIAL])
-    return tok, pieces
-
-
-def write_gemma_gguf(path: Path, pieces: list[str], architecture: str = "gemma3") -> str:
-    rng = random.Random(0)
-    types = [
-        gguf.TokenType.CONTROL if p in SPECIAL else gguf.TokenType.BYTE if p in BYTES else gguf.TokenType.NORMAL
-        for p in pieces
-    ]
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list([" " * len(p) if p and set(p) == {"\u2581"} and len(p) > 1 else p for p in pieces])
-    writer.add_token_scores([-rng.uniform(0, 1e4) for _ in pieces])  # not the merge order, as in Gemma's files
-    writer.add_token_types(types)
-    writer.add_bos_token_id(pieces.index("<bos>"))
-    writer.add_eos_token_id(pieces.index("<eos>"))
-    writer.add_unk_token_id(pieces.index("<unk>"))
-    writer.add_pad_token_id(pieces.index("<pad>"))
-    writer.add_add_bos_token(True)
-    writer.add_chat_template("{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
+    return train_pieces(lines)
 
 
 def test_gemma_gguf_tokenizer_cuts_text_as_the_tokenizer_it_was_written_from(trained, tmp_path):

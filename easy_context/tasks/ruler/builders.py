@@ -369,10 +369,14 @@ def ruler_step(task: RulerTask, length: int) -> int:
     return max((length - task.max_new_tokens) // 32, 1)
 
 
-def _ruler_search(task: RulerTask, count: Callable[[int, object], int], target: int, length: int) -> int:
+def _ruler_search(
+    task: RulerTask, count: Callable[[int, object], int], target: int, length: int, estimate: Callable[[int], int]
+) -> int:
     """The size RULER's search settles on; ``count(n, draw)`` is the tokens of a prompt of ``n`` units drawn with
-    ``draw``. NIAH, VT, CWE: a bisection in which every probe is a new draw, between one step and 3x (CWE: 2x) the
-    size that the tokens per unit of one probe (``step`` units; CWE: 4096 words) predict: the largest probe that fit
+    ``draw``, ``estimate(n)`` those of the prompt RULER estimates the tokens per unit from (VT's without its worked
+    example). NIAH, VT, CWE: a bisection in which every probe is a new draw, between one step and 3x (CWE: 2x) the
+    size that the tokens per unit of one probe (``step`` units; CWE: 4096 words) predict for the whole ``length``
+    (generation included, as RULER's estimate): the largest probe that fit
     (so a draw that came out short is often the one kept, and a new prompt at that size is too long about half the
     time). FWE: one draw on a grid ``budget // 6 + k * step`` grown until a prompt reaches the budget, then one step
     back."""
@@ -383,8 +387,8 @@ def _ruler_search(task: RulerTask, count: Callable[[int, object], int], target: 
             n += step
         return n - step
     probe, factor = (4096, 2) if task.kind == "cwe" else (step, 3)
-    per_unit = count(probe, "search:estimate") / probe
-    lo, hi, best = step, max(int(target / per_unit * factor), 2 * step), None
+    per_unit = estimate(probe) / probe
+    lo, hi, best = step, max(int(length / per_unit * factor), 2 * step), None
     while lo <= hi:
         mid = (lo + hi) // 2
         if count(mid, f"search:{mid}") <= target:
@@ -473,6 +477,13 @@ def make_case(
 
         return count
 
+    def estimator(setting: CweSetting) -> Callable[[int], int]:
+        """The prompt RULER estimates tokens per unit from: VT's leaves its worked example out."""
+        if task.kind != "vt":
+            return lambda n: probe_counter(setting)(n, "search:estimate")
+        chain = _vt_render(_vt_statements(rng("search:estimate"), task, 5, None), 0.0)
+        return counter(chain)
+
     deviation, error = "", None
     for i, setting in enumerate(settings):
         render = build(sample, setting)
@@ -486,7 +497,7 @@ def make_case(
                 if key not in _SEARCHED:
                     if len(_SEARCHED) >= 1024:  # callers that pass new functions each time: do not grow forever
                         _SEARCHED.clear()
-                    _SEARCHED[key] = _ruler_search(task, probe_counter(setting), target, length)
+                    _SEARCHED[key] = _ruler_search(task, probe_counter(setting), target, length, estimator(setting))
                 units = _ruler_units(task, length, target, count, _SEARCHED[key])
         except ValueError as exc:
             error = exc
