@@ -112,8 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizing", choices=list(SIZINGS), default="ruler",
                    help="ruler (default): the haystack sized as RULER's generator sizes it (one size search per task "
                         "and length, then each prompt stepped back by RULER's step while it is too long: prompt + "
-                        "generation ~0.85-0.99 of the length); fill: each prompt's largest haystack that fits "
-                        "(~1.0)")  # fmt: skip
+                        "generation ~0.75-1.0 of the length, by the luck of its draws); fill: each prompt's largest "
+                        "haystack that fits (~1.0)")  # fmt: skip
     p.add_argument("--prompts_only", default=None, metavar="OUT.jsonl",
                    help="write every prompt (task, length, token count, tokens_to_generate, answers) and stop: no "
                         "model is loaded; needs --tokenizer (or --model)")  # fmt: skip

@@ -19,7 +19,7 @@ import pytest
 from easy_context.eval.ruler import DEFAULT_TASKS, TASKS, make_case, string_match_all
 from easy_context.eval.ruler.scoring import averages, effective_length, samples_for, wilson
 from easy_context.eval.run_ruler import DEFAULT_SAMPLES, parse_args, prompt_wrapper, summary_markdown, thresholds
-from easy_context.tasks.ruler.builders import FWE_DOTS, NOISE, ruler_step, zipf_counts
+from easy_context.tasks.ruler.builders import FWE_DOTS, NOISE, RulerPrompts, ruler_step, zipf_counts
 from easy_context.tasks.ruler.fit import largest_fitting
 from easy_context.tasks.ruler.vocab import english_words, key_pairs
 
@@ -180,6 +180,86 @@ def test_ruler_sizing_steps_back_as_rulers_search_and_lands_in_its_range(tokeniz
                 fill_mean.append((count(fill.text) + task.max_new_tokens) / length)
     assert sum(ruler_mean) / len(ruler_mean) < sum(fill_mean) / len(fill_mean) - 0.02
     assert min(fill_mean) >= 0.985
+
+
+def rulers_sizes(prompts: RulerPrompts, samples: int) -> list[int]:
+    """Each sample's haystack size by RULER's own rule, written here from NVIDIA/RULER main c3f5e3b
+    (scripts/data/synthetic/niah.py, variable_tracking.py, common_words_extraction.py, freq_words_extraction.py),
+    in RULER's units (CWE: every distinct word of the list, the 10 common ones included; returned in the generator's
+    units). ``fits(n)``: prompt tokens (template and answer prefix) + tokens_to_generate <= length.
+
+    * NIAH, VT, CWE: ``inc`` = 500 essay words / 25 noise or needle lines (5 below 4K) / VT 10 lines (5 below 4K) /
+      CWE 10 words. Tokens per unit from one prompt of ``inc`` units (VT: without its worked example; CWE: of 4096
+      words); upper bound ``int(length / per_unit * 3)`` (CWE: ``int(length // per_unit) * 2``), at least ``2 * inc``.
+      Bisection over ``[inc, upper]``, every probe a new prompt, keeping the largest probe that fit (else ``inc``).
+      Each sample: a new prompt at that size, ``inc`` less while it does not fit and the size is above ``inc``.
+    * FWE: budget = length - 50, ``inc = budget // 32``; one prompt grown from ``budget // 6`` words by ``inc`` while
+      its tokens are below the budget, then ``inc`` back; each sample ``inc`` less while its tokens exceed the budget.
+
+    The generator's draws are used as RULER's random stream: a probe of ``n`` units is the draw ``search:n``, the
+    estimate's prompt the draw ``search:estimate``."""
+    task, length = prompts.task, prompts.length
+    offset = task.top if task.kind == "cwe" else 0
+
+    def tokens(n: int, draw: object) -> int:
+        return prompts.tokens(n - offset, draw)
+
+    if task.kind == "fwe":
+        budget = length - task.max_new_tokens
+        inc, n = budget // 32, budget // 6
+        while tokens(n, "search") < budget:
+            n += inc
+        sizes = []
+        for sample in range(samples):
+            used = n - inc
+            while tokens(used, sample) > budget:
+                used -= inc
+            sizes.append(used)
+        return sizes
+    short = length < 4096
+    inc = {"essay": 500, "noise": 5 if short else 25, "needles": 5 if short else 25}[task.haystack]
+    if task.kind != "niah":
+        inc = {"vt": 5 if short else 10, "cwe": 10}[task.kind]
+    probe = 4096 if task.kind == "cwe" else inc
+    body, prefix, _ = prompts.render("search:estimate")(probe - offset)
+    if task.kind == "vt":  # the estimate's prompt is the task's alone, without the worked example before it
+        body = body[body.rindex("Memorize and track the chain(s)") :]
+    per_unit = prompts.count_tokens(prompts.wrap(body, prefix)) / probe
+    upper = int(length // per_unit) * 2 if task.kind == "cwe" else int(length / per_unit * 3)
+    lower, upper, best = inc, max(upper, 2 * inc), None
+    while lower <= upper:
+        mid = (lower + upper) // 2
+        if tokens(mid, f"search:{mid - offset}") + task.max_new_tokens <= length:
+            best, lower = mid, mid + 1
+        else:
+            upper = mid - 1
+    sizes = []
+    for sample in range(samples):
+        used = inc if best is None else best
+        while used > inc and tokens(used, sample) + task.max_new_tokens > length:
+            used -= inc
+        sizes.append(used - offset)
+    return sizes
+
+
+@pytest.mark.parametrize("length", [4096, 8192])
+def test_every_task_is_sized_by_rulers_own_rule(tokenizer, length):
+    """At 4K and 8K every task's prompts have the sizes RULER's rule (implemented above from its scripts, not with the
+    generator's search) gives on the same draws, so their fill (prompt + generation over the length) is RULER's."""
+    count = _count(tokenizer)
+    for name in DEFAULT_TASKS:
+        task = TASKS[name]
+        cases = [make_case(task, length, s, count, _plain, ESSAY.split(), seed=5) for s in range(3)]
+        if cases[0].deviation:  # this 600-token BPE spends ~7 tokens a list item: CWE's x30 / x3 need 8K
+            assert (name, length) == ("cwe", 4096), cases[0].deviation
+            continue
+        ruler = rulers_sizes(RulerPrompts(task, length, count, _plain, ESSAY.split(), seed=5, setting=SETTING[name]), 3)
+        assert [c.units for c in cases] == ruler, (name, length)
+        fill = [(count(c.text) + task.max_new_tokens) / length for c in cases]
+        assert 0.5 < min(fill) and max(fill) <= 1.0, (name, length, fill)
+
+
+SETTING = {name: ((30, 3), (40, 10, 3)) if name == "cwe" else ((0, 0), None) for name in TASKS}  # RULER's at >= 4K
 
 
 VT_STATEMENT = re.compile(r"VAR [A-Z]+ = (?:\d{5}|VAR [A-Z]+ )")

@@ -369,40 +369,106 @@ def ruler_step(task: RulerTask, length: int) -> int:
     return max((length - task.max_new_tokens) // 32, 1)
 
 
-def _ruler_search(
-    task: RulerTask, count: Callable[[int, object], int], target: int, length: int, estimate: Callable[[int], int]
-) -> int:
-    """The size RULER's search settles on; ``count(n, draw)`` is the tokens of a prompt of ``n`` units drawn with
-    ``draw``, ``estimate(n)`` those of the prompt RULER estimates the tokens per unit from (VT's without its worked
-    example). NIAH, VT, CWE: a bisection in which every probe is a new draw, between one step and 3x (CWE: 2x) the
-    size that the tokens per unit of one probe (``step`` units; CWE: 4096 words) predict for the whole ``length``
-    (generation included, as RULER's estimate): the largest probe that fit
-    (so a draw that came out short is often the one kept, and a new prompt at that size is too long about half the
-    time). FWE: one draw on a grid ``budget // 6 + k * step`` grown until a prompt reaches the budget, then one step
-    back."""
-    step = ruler_step(task, length)
+def ruler_offset(task: RulerTask) -> int:
+    """RULER's size unit minus ours: CWE's search counts every distinct word of the list (the common ones too), ours
+    the other words; every other task counts the same units."""
+    return task.top if task.kind == "cwe" else 0
+
+
+class RulerPrompts:
+    """The prompts of one task, length and (CWE) frequency setting, by draw: ``tokens(n, draw)`` is the token count of
+    the whole model input with ``n`` haystack units drawn from ``random.Random(f"ruler:{seed}:{task}:{length}:{draw}")``
+    (a sample's draw is its index; the size search's probes of ``n`` units are drawn as ``"search:n"``, FWE's search
+    as ``"search"``). ``estimate_tokens(n)``: the prompt RULER estimates the tokens per unit from (draw
+    ``"search:estimate"``; VT's without its worked example)."""
+
+    def __init__(
+        self,
+        task: RulerTask,
+        length: int,
+        count_tokens: Count,
+        wrap: Callable[[str, str], str],
+        essay_words: list[str] | None = None,
+        seed: int = 0,
+        setting: CweSetting = ((0, 0), None),
+    ):
+        self.task, self.length, self.count_tokens, self.wrap = task, length, count_tokens, wrap
+        self.essay_words, self.seed, self.setting = essay_words or [], seed, setting
+        self._drawn: dict[object, Render] = {}
+
+    def rng(self, draw: object) -> random.Random:
+        return random.Random(f"ruler:{self.seed}:{self.task.name}:{self.length}:{draw}")
+
+    def render(self, draw: object) -> Render:
+        """``n -> (prompt body, answer prefix, answers)`` of one draw (built once)."""
+        if draw not in self._drawn:
+            task, rng = self.task, self.rng(draw)
+            if task.kind == "cwe":
+                render = _cwe(task, rng, *self.setting)
+            elif task.kind == "vt":  # one worked-example layout for every draw of a task and length
+                render = _vt(task, rng, self.count_tokens, self.length, self.rng("vt-example"))
+            elif task.kind == "niah":
+                render = _niah(task, rng, self.essay_words)
+            else:
+                render = _fwe(task, rng, self.length)
+            self._drawn[draw] = render
+        return self._drawn[draw]
+
+    def counter(self, draw: object) -> Callable[[int], int]:
+        """``n -> tokens`` of one draw."""
+        render = self.render(draw)
+
+        def count(n: int) -> int:
+            body, prefix, _ = render(n)
+            return self.count_tokens(self.wrap(body, prefix))
+
+        return count
+
+    def tokens(self, n: int, draw: object) -> int:
+        return self.counter(draw)(n)
+
+    def estimate_tokens(self, n: int) -> int:
+        body, prefix, _ = self.render("search:estimate")(n)
+        if self.task.kind == "vt":  # RULER estimates from the task's prompt alone: its worked example left out
+            body = body[body.rindex(VT_PROMPT[:60]) :]
+        return self.count_tokens(self.wrap(body, prefix))
+
+
+def _ruler_search(prompts: RulerPrompts, target: int) -> int:
+    """The size RULER's search settles on (our units). NIAH, VT, CWE: a bisection in which every probe is a new draw,
+    between one step and 3x (CWE: 2x) the size that the tokens per unit of one probe (``step`` units; CWE: 4096
+    words) predict for the whole length (generation included, as RULER's estimate): the largest probe that fit (so a
+    draw that came out short is often the one kept, and a new prompt at that size is too long about half the time).
+    CWE's bisection runs over all distinct words, as RULER's. FWE: one draw on a grid ``budget // 6 + k * step``
+    grown until a prompt reaches the budget, then one step back."""
+    task, length = prompts.task, prompts.length
+    step, offset = ruler_step(task, length), ruler_offset(task)
     if task.kind == "fwe":
         n = target // 6
-        while count(n, "search") < target:
+        while prompts.tokens(n, "search") < target:
             n += step
         return n - step
-    probe, factor = (4096, 2) if task.kind == "cwe" else (step, 3)
-    per_unit = estimate(probe) / probe
-    lo, hi, best = step, max(int(length / per_unit * factor), 2 * step), None
+    if task.kind == "cwe":
+        per_unit = prompts.estimate_tokens(4096 - offset) / 4096
+        upper = int(length // per_unit) * 2
+    else:
+        per_unit = prompts.estimate_tokens(step) / step
+        upper = int(length / per_unit * 3)
+    lo, hi, best = step, max(upper, 2 * step), None
     while lo <= hi:
         mid = (lo + hi) // 2
-        if count(mid, f"search:{mid}") <= target:
+        if prompts.tokens(mid - offset, f"search:{mid - offset}") <= target:
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
-    return step if best is None else best
+    return (step if best is None else best) - offset
 
 
 def _ruler_units(task: RulerTask, length: int, target: int, count: Callable[[int], int], search: int) -> int:
     """RULER's size for one prompt: the searched size (on another draw), stepped back by :func:`ruler_step` while this
     prompt is too long; the largest fitting size where the steps run out."""
     step, n = ruler_step(task, length), search
-    while n > step and count(n) > target:
+    while n + ruler_offset(task) > step and count(n) > target:
         n -= step
     return n if n >= 0 and count(n) <= target else largest_fitting(count, target)
 
@@ -424,17 +490,13 @@ def make_case(
     <= length``.
 
     ``sizing="ruler"`` (default) sizes the haystack as RULER's generator does: one size search per task and length on
-    a draw of its own, then each prompt at that size, stepped back by :func:`ruler_step` units while it is too long
-    (RULER's prompts + generation come to ~0.85-0.99 of the length). ``sizing="fill"``: each prompt's largest
-    haystack that fits (~1.0 of the length).
+    draws of its own, then each prompt at that size, stepped back by :func:`ruler_step` units while it is too long
+    (prompt + generation come to ~0.75-1.0 of the length, as RULER's, by the luck of the search's draws).
+    ``sizing="fill"``: each prompt's largest haystack that fits (~1.0 of the length).
 
     ``wrap(body, answer_prefix)`` is the full model input (base: ``body + answer_prefix``; or the chat template's);
     ``count_tokens(text)`` its token count as the model sees it (BOS included). ``essay_words``: the essay haystack,
     needed by the ``essay`` tasks (a ValueError without it)."""
-
-    def rng(draw: object = sample) -> random.Random:
-        return random.Random(f"ruler:{seed}:{task.name}:{length}:{draw}")
-
     if sizing not in SIZINGS:
         raise ValueError(f"unknown sizing {sizing!r}: choose one of {', '.join(SIZINGS)}")
     if task.needs_essays and not essay_words:
@@ -451,43 +513,10 @@ def make_case(
     else:
         settings = [((0, 0), None)]
 
-    def build(draw: object, setting: CweSetting) -> Render:
-        if task.kind == "cwe":
-            return _cwe(task, rng(draw), *setting)
-        if task.kind == "vt":
-            return _vt(task, rng(draw), count_tokens, length, rng("vt-example"))  # one example layout for all
-        return {"niah": lambda: _niah(task, rng(draw), essay_words or []),
-                "fwe": lambda: _fwe(task, rng(draw), length)}[task.kind]()  # fmt: skip
-
-    def counter(render: Render) -> Callable[[int], int]:
-        def count(n: int) -> int:
-            body, prefix, _ = render(n)
-            return count_tokens(wrap(body, prefix))
-
-        return count
-
-    def probe_counter(setting: CweSetting) -> Callable[[int, object], int]:
-        """``count(n, draw)``: the tokens of a prompt of ``n`` units drawn with ``draw`` (the size search's probes)."""
-        drawn: dict[object, Render] = {}
-
-        def count(n: int, draw: object) -> int:
-            if draw not in drawn:
-                drawn[draw] = build(draw, setting)
-            return counter(drawn[draw])(n)
-
-        return count
-
-    def estimator(setting: CweSetting) -> Callable[[int], int]:
-        """The prompt RULER estimates tokens per unit from: VT's leaves its worked example out."""
-        if task.kind != "vt":
-            return lambda n: probe_counter(setting)(n, "search:estimate")
-        chain = _vt_render(_vt_statements(rng("search:estimate"), task, 5, None), 0.0)
-        return counter(chain)
-
     deviation, error = "", None
     for i, setting in enumerate(settings):
-        render = build(sample, setting)
-        count = counter(render)
+        prompts = RulerPrompts(task, length, count_tokens, wrap, essay_words, seed, setting)
+        count = prompts.counter(sample)
         try:
             if sizing == "fill":
                 units = largest_fitting(count, target)
@@ -497,7 +526,7 @@ def make_case(
                 if key not in _SEARCHED:
                     if len(_SEARCHED) >= 1024:  # callers that pass new functions each time: do not grow forever
                         _SEARCHED.clear()
-                    _SEARCHED[key] = _ruler_search(task, probe_counter(setting), target, length, estimator(setting))
+                    _SEARCHED[key] = _ruler_search(prompts, target)
                 units = _ruler_units(task, length, target, count, _SEARCHED[key])
         except ValueError as exc:
             error = exc
@@ -507,7 +536,7 @@ def make_case(
             ruler = settings[0][0]
             deviation = (f"common words x{freq[0]}, others x{freq[1]}{'' if example else ', no worked example'} "
                          f"(RULER's x{ruler[0]} / x{ruler[1]} do not fit {length} tokens)")  # fmt: skip
-        body, prefix, answers = render(units)
+        body, prefix, answers = prompts.render(sample)(units)
         return RulerCase(task.name, length, sample, wrap(body, prefix), answers, task.max_new_tokens, units, deviation,
                          sizing)  # fmt: skip
     raise ValueError(f"{error} (with {task.max_new_tokens} tokens to generate)")
