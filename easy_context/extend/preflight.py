@@ -50,7 +50,10 @@ def settings_config(settings: Settings) -> Any | None:
 
     s = settings
     if os.path.isfile(os.path.join(s.model, "config.json")):
-        return model_config(s.model)
+        try:
+            return model_config(s.model)
+        except ValueError:  # not a config transformers reads: the run itself will say why
+            return None
     if s.micro:
         from easy_context.extend.micro import micro_config
         from easy_context.models.shapes import PRESETS
