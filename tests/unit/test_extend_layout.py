@@ -94,11 +94,14 @@ def test_three_gpus_llama3_to_128k_picks_lengths_zigzag_can_shard():
 
 def write_recipe(tmp_path, nproc: int, mode: str, target: int, heads: int = 4, kv: int = 2) -> str:
     (tmp_path / "m").mkdir(exist_ok=True)
-    (tmp_path / "m" / "config.json").write_text(json.dumps(dict(
-        model_type="llama", num_attention_heads=heads, num_key_value_heads=kv, **{**TINY, "hidden_size": 32 * heads})))  # fmt: skip
+    values = {**TINY, "hidden_size": 32 * heads}
+    config = dict(model_type="llama", num_attention_heads=heads, num_key_value_heads=kv, **values)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     path = tmp_path / "r.yaml"
-    path.write_text(f"seq-length: {target}\nrope-theta: 1.0e+6\nparallel_mode: {mode}\npipeline:\n  model: "
-                    f"{tmp_path / 'm'}\n  base_length: 256\n  nproc: {nproc}\n  parallel_mode: {mode}\n  control: 0\n")  # fmt: skip
+    pipeline = (
+        f"  model: {tmp_path / 'm'}\n  base_length: 256\n  nproc: {nproc}\n  parallel_mode: {mode}\n  control: 0\n"
+    )
+    path.write_text(f"seq-length: {target}\nrope-theta: 1.0e+6\nparallel_mode: {mode}\npipeline:\n{pipeline}")
     return str(path)
 
 
