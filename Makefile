@@ -16,7 +16,7 @@ $(VENV)/.runtime: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-# + the test toolchain (pytest, ruff, DeepSpeed, trl, tensorboard, gguf) and the torchao extras
+# + the test toolchain (pytest, ruff, DeepSpeed, trl, tensorboard) and the torchao extras
 $(VENV)/.installed: $(VENV)/.runtime requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps --target $(VENV)/extras torchao==0.18.0

@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
+import time
 from collections.abc import Callable
+from typing import NoReturn
 
 SPELLING_NOTE = "Every --long-flag is also accepted with underscores (--seq_length = --seq-length), and vice versa."
 
@@ -142,6 +145,26 @@ def launched_rank() -> int | None:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
+# the launcher stops every rank once the first one exits: the quiet ranks wait this long, so that rank 0 is not
+# stopped before it printed the line
+QUIET_EXIT_DELAY_S = 3.0
+
+
+def exit_quietly(code: int) -> NoReturn:
+    """A launched rank other than 0 ends with ``code`` and prints nothing (rank 0 prints the refusal), a moment
+    later than rank 0 (:data:`QUIET_EXIT_DELAY_S`)."""
+    time.sleep(QUIET_EXIT_DELAY_S)
+    sys.exit(code)
+
+
+def refuse(message: str) -> NoReturn:
+    """Exit with the one-line ``message`` (exit code 1) for a refusal every rank of a launched job reaches alike (a
+    flag, a layout): only rank 0 prints it, so it comes once (:func:`exit_quietly`)."""
+    if launched_rank() in (None, 0):
+        sys.exit(message)
+    exit_quietly(1)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """:class:`argparse.ArgumentParser` with both spellings of each long flag and defaults shown in ``--help``."""
 
@@ -168,7 +191,7 @@ class ArgumentParser(argparse.ArgumentParser):
                 message = message.replace(f"argument {'/'.join(action.option_strings)}:", f"argument {names[0]}:")
         if launched_rank() in (None, 0):
             self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        self.exit(2)
+        exit_quietly(2)
 
     def _get_option_tuples(self, option_string):
         """An abbreviation matching both spellings of one flag (``--learning`` -> ``--learning-rate``) is no

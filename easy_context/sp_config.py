@@ -88,6 +88,12 @@ class SPConfig:
         """The layout for a transformers model ``config``, or ``ValueError`` naming why it cannot run here."""
         return self.algo.model_layout(self.sp_size, config, **self.options).require()
 
+    def check_run(self, config: Any, seq_length: int, what: str = "--seq-length") -> Layout:
+        """The layout for a model ``config`` trained on full sequences of ``seq_length`` tokens, or ``ValueError``
+        naming why it cannot run here (heads that do not split, a length that does not shard): train.py's check,
+        also what the extension's plans are held to before they run."""
+        return self.check_model(config).check_length(seq_length, what)
+
     def seq_multiple(self) -> int:
         """The number a full sequence length must divide by on this SP group."""
         return self.algo.seq_multiple(self.sp_size, **self.options)

@@ -27,12 +27,13 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 from easy_context import cli
+from easy_context.cli import refuse
 from easy_context.core.groups import collective_timeout, launch_error
 from easy_context.core.registry import get_seq_algo, option_values
 from easy_context.data import load_train_dataset
 from easy_context.loss import CausalLMWithLoss, resolve_loss_impl
 from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
-from easy_context.models import is_random_init, load_model, match_special_tokens
+from easy_context.models import build_config, is_random_init, load_model, match_special_tokens
 from easy_context.models.tokenizer import load_tokenizer
 from easy_context.sp_config import SPConfig, resolve_sp_config
 from easy_context.training import flags, fp8, recipe
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     args.loss = resolve_loss(args, accelerator)  # "auto" made concrete once: run_config.json records what runs
     set_seed(args.seed)
     sp = sp_config(args)  # the backend, its options, the kernel and this rank's place: every layout question
+    check_layout(args, sp, layout_config(args))  # from the config alone: before the tokenizer and the weights load
 
     # model, data, optimizer, and what bounds and saves the run
     tokenizer = load_tokenizer_if_needed(args)
@@ -238,7 +240,7 @@ def sp_config(args) -> SPConfig:
     """The run's SP setup, resolved once (:func:`~easy_context.sp_config.resolve_sp_config`; one process gets a
     process group of one, so the SP code runs unchanged); a bad flag exits with one line naming it."""
     options = backend_options(args)
-    with exit_on(ValueError, flag="" if args.sp_size is None else f"--sp-size {args.sp_size}: "):
+    with exit_on(ValueError, flag="" if args.sp_size is None else f"--sp-size {args.sp_size}: ", alike=True):
         return resolve_sp_config(args.parallel_mode, sp_size=args.sp_size, kernel=args.kernel, **options)
 
 
@@ -247,15 +249,20 @@ def backend_options(args) -> dict:
     try:
         return get_seq_algo(args.parallel_mode).options_from(option_values(args))
     except ValueError as exc:
-        sys.exit(f"error: --{exc}")
+        refuse(f"error: --{exc}")
+
+
+def layout_config(args):
+    """The model's config alone, without its weights or tokenizer: what :func:`check_layout` reads (the heads)."""
+    with exit_on(OSError, ValueError, flag="--model: ", alike=True):
+        return build_config(args.model, vocab_size=args.vocab_size or 1)  # the heads do not depend on the vocabulary
 
 
 def check_layout(args, sp: SPConfig, config) -> None:
-    """Fail fast, with one line, on a layout the backend cannot run (the backend's own layout rule decides)."""
-    try:
-        sp.check_model(config).check_length(args.seq_length, "--seq-length")
-    except ValueError as exc:
-        sys.exit(f"error: {exc}")
+    """Fail fast, with one line from one rank, on a layout the backend cannot run (the backend's own layout rule
+    decides: :meth:`SPConfig.check_run`, what the extension's plans are held to as well)."""
+    with exit_on(ValueError, alike=True):
+        sp.check_run(config, args.seq_length, "--seq-length")
 
 
 def load_tokenizer_if_needed(args):
@@ -275,7 +282,6 @@ def build_model(args, tokenizer, sp: SPConfig):
     model.train()  # from_pretrained returns eval mode, where transformers skips activation checkpointing
     if tokenizer is not None and is_random_init(args.model):
         match_special_tokens(model, tokenizer)
-    check_layout(args, sp, model.config)
     # checkpoint-after-attention needs our attention function, also under data parallel
     sp.attach(model, through_easy_context=args.checkpointing.startswith("attn") or args.kernel != "auto")
     with exit_on(ValueError):

@@ -22,7 +22,8 @@ THETA=${THETA:-200000}         # RoPE base of the extended model (the base model
 SAMPLES=${SAMPLES:-2}          # needles per heatmap cell
 SEED=${SEED:-0}
 export ACCELERATE_USE_CPU=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
-LAUNCH="$PY -m accelerate.commands.launch --config_file accelerate_configs/cpu_2proc.yaml"
+# easy_context.launch: accelerate launch, a refusal shown once without the launcher's traceback
+LAUNCH="$PY -m easy_context.launch --config_file accelerate_configs/cpu_2proc.yaml"
 START=$(date +%s)
 
 evaluate() {  # $1 model dir, $2 output dir

@@ -20,6 +20,8 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from easy_context.extend.layout import LayoutError, PlanLayout, Run, next_multiple
+from easy_context.extend.micro import micro_section
 from easy_context.extend.recipe import Recipe, Stage, format_length
 from easy_context.extend.rope_base import stable_rope_base
 from easy_context.models.config import get_rope_theta, layer_windows, rope_position_limit, text_config
@@ -84,11 +86,15 @@ class Derived:
     plans: tuple[StagePlan, ...]
     native: int
     hardware: str
+    layout: str = ""  # the line saying every training run passes train.py's layout check
 
 
 def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> PretrainedConfig:
     """The text config of a config dict (``model_type`` and its fields), a PretrainedConfig, a local folder or
-    config.json, or a hub id already in the local cache (never downloads)."""
+    config.json, a name ``easy-context-fetch --list`` prints (its folder once fetched, else the config shipped with
+    the source), or a hub id already in the local cache (never downloads)."""
+    from easy_context.models.fetch import SOURCES, find_source
+
     if isinstance(model, PretrainedConfig):
         return text_config(model)
     if isinstance(model, Mapping):
@@ -96,12 +102,17 @@ def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> Pretraine
         if "model_type" not in values:
             raise ValueError("model config: needs its model_type (llama, qwen2, gemma3_text, ...)")
         return text_config(AutoConfig.for_model(values.pop("model_type"), **values))
+    source = find_source(model) if not os.path.exists(model) else None
+    if source is not None:
+        fetched = os.path.join(source.default_dest, "config.json")
+        return model_config(fetched if os.path.isfile(fetched) else source.config)
     path = os.path.dirname(model) if str(model).endswith("config.json") else model
     try:
         return text_config(AutoConfig.from_pretrained(path, local_files_only=True))
     except (OSError, ValueError) as exc:
         raise ValueError(f"--model {model}: no config.json there or in the local cache ({exc.__class__.__name__}); "
-                         f"give a model folder or its config.json") from None  # fmt: skip
+                         f"give a model folder, its config.json, or a name easy-context-fetch --list prints "
+                         f"({', '.join(s.name for s in SOURCES)})") from None  # fmt: skip
 
 
 def _shape(config: PretrainedConfig, name: str) -> ModelShape:
@@ -241,9 +252,11 @@ def derive(
     hardware = f"{gpus} x {gpu_bytes / GB:g} GB GPU, {host_bytes / GB:g} GB host"
     shape = _shape(config, str(label))
 
-    # the launch layout: the first candidate that fits the target, kept for every stage
+    # the launch layout: the first candidate that fits the target and that train.py's layout check lets run (the
+    # heads split; the lengths are rounded up to the backend's multiple below), kept for every stage
     chosen = next(((s, o, m, p) for s, o, m in _candidates(shape, gpus, gpu_bytes, host_bytes)
-                   if (p := _fits(shape, s, o, m, target))), None)  # fmt: skip
+                   if _runs(config, s, m) and (p := _fits(shape, s, o, m, next_multiple(target, _runs(config, s, m))))),
+                  None)  # fmt: skip
     if chosen is None:
         widest = Setup(gpus=gpus, gpu_mem=gpu_bytes, host_mem=host_bytes, optim="zero3_offload")
         best = max((best_prediction(shape, widest, m, o) for m in ("zigzag_ring_attn", "data_parallel")
@@ -253,8 +266,12 @@ def derive(
                          f"--gpus {gpus * 2} (a longer SP ring) or more --host-mem")  # fmt: skip
     setup, _, mode, _ = chosen
     dp = gpus // setup.sp_size
+    layout = _plan_layout(setup, mode)
+    multiple = layout.multiple(config)
+    asked = target
+    target = next_multiple(target, multiple)
 
-    lengths = [*stage_lengths(native, target), target]
+    lengths = [next_multiple(n, multiple) for n in stage_lengths(native, asked)] + [target]
     tokens, tokens_why = total_tokens(shape.params)
     lr, lr_why = learning_rate(shape.params)
     per_stage = tokens / len(lengths)
@@ -274,15 +291,19 @@ def derive(
         }  # fmt: skip
         if i < len(lengths) - 1:
             extra = {k: v for k, v in flags.items() if k != "checkpointing"}
-            why["seq-length"] = f"x{STAGE_FACTOR} per stage from the native {format_length(native)}"
+            why["seq-length"] = f"x{STAGE_FACTOR} per stage from the native {format_length(native)}" + (
+                f", rounded up to a multiple of {multiple} ({layout.describe()})" if length % 1024 else ""
+            )
             stages.append(Stage(length, steps, flags["checkpointing"], warmup_steps=warmup(steps), flags=extra,
                                 why=why))  # fmt: skip
     main = plans[-1]
     main_flags = _flags(main)
     sliding = any(kind == "sliding" for kind, _ in windows)
-    theta, theta_why = rope_base(config, target)
+    theta, theta_why = rope_base(config, asked)
+    rounded = f"; {format_length(asked)} rounded up to a multiple of {multiple} ({layout.describe()})"
     why = {
-        "seq-length": f"the target ({format_length(target)}, x{target / native:g} the native {format_length(native)})",
+        "seq-length": f"the target ({format_length(asked)}, x{asked / native:g} the native {format_length(native)})"
+                      + (rounded if target != asked else ""),
         "rope-theta": theta_why + ("; the global layers only, the sliding ones keep theirs" if sliding else ""),
         "parallel_mode": f"the planner: {mode} at SP {setup.sp_size} x DP {dp} fits the target"
                          + ("; Ulysses: the heads divide the degree" if mode == "ulysses_attn" else ""),
@@ -303,9 +324,13 @@ def derive(
     why["pipeline.optim"] = "the planner: the first optimizer placement that fits (ddp, zero3, host_adamw, offloads)"
     if gpus > 1:
         settings |= {"nproc": gpus, "parallel_mode": mode}
+    if native % multiple:  # the control trains at the native length: it would not shard
+        settings["control"] = 0
+        why["pipeline.control"] = (f"off: the native {format_length(native)} is no multiple of {multiple} "
+                                   f"({layout.describe()})")  # fmt: skip
     recipe = Recipe(
-        target=target, base_length=native, rope_theta=theta, run_name=f"{_slug(str(label))}_{format_length(target)}",
-        model=_model_folder(model), parallel_mode=mode,
+        target=target, base_length=native, rope_theta=theta, run_name=f"{_slug(str(label))}_{format_length(asked)}",
+        model=_model_folder(model), fetch=_fetch_name(model), parallel_mode=mode,
         sp_size=setup.sp_size if setup.sp_size != gpus else None, micro_batch=1, grad_accum=1, steps=main.steps,
         learning_rate=lr, warmup_steps=warmup(main.steps), checkpointing=main_flags["checkpointing"],
         offload_layers=main_flags.get("offload-layers"), tiled_mlp=main_flags.get("tiled-mlp"),
@@ -316,14 +341,50 @@ def derive(
                **({"dtype": "float32"} if setup.optim == "ddp" else {})},
         settings=settings, why=why,
     )  # fmt: skip
-    return Derived(recipe, tuple(plans), native, hardware)
+    micro = micro_section(config, native, recipe, layout, sliding)
+    why["pipeline.micro"] = ("MICRO=1 (--micro): this plan's CPU miniature, a tiny random model of the same family "
+                             "and layer pattern")  # fmt: skip
+    recipe = recipe.with_(settings={**settings, "micro": micro}, why=why)
+    runs = [*(Run(f"stage {i + 1}", s.seq_length) for i, s in enumerate(recipe.stages)), Run("main", target)]
+    if settings.get("control", 1):
+        runs.append(Run("control", native))
+    checked = layout.check(config, runs)  # derive picks only what passes: a failure here is a bug, not a user's
+    return Derived(recipe, tuple(plans), native, hardware, checked)
+
+
+def _plan_layout(setup: Setup, mode: str) -> PlanLayout:
+    """How the recipe launches train.py on ``setup``: its SP size, the rest data parallel."""
+    return PlanLayout(mode, setup.gpus, setup.sp_size if setup.sp_size != setup.gpus else None)
+
+
+def _runs(config: PretrainedConfig, setup: Setup, mode: str) -> int:
+    """The length multiple train.py's layout check asks of ``mode`` on ``setup`` for ``config``; 0 when the heads
+    cannot split there."""
+    try:
+        return _plan_layout(setup, mode).multiple(config)
+    except LayoutError:
+        return 0
+
+
+def _fetch_name(model: object) -> str | None:
+    """The easy-context-fetch name ``model`` is, when it is one and no local path."""
+    from easy_context.models.fetch import find_source
+
+    if isinstance(model, str) and not os.path.exists(model) and find_source(model):
+        return model
+    return None
 
 
 def _model_folder(model: object) -> str | None:
     """The recipe's model: a local folder (or a config.json's) as an absolute path, since the pipeline runs from the
-    checkout's root; a hub id as given; None for a config given as values."""
+    checkout's root; a fetch name's folder (the pipeline fetches it there when it is not yet); a hub id as given;
+    None for a config given as values."""
+    from easy_context.models.fetch import find_source
+
     if not isinstance(model, str):
         return None
+    if _fetch_name(model):
+        return find_source(model).default_dest
     folder = os.path.dirname(model) if model.endswith("config.json") else model
     return os.path.abspath(folder) if os.path.isdir(folder) else model
 

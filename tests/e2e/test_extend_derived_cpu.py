@@ -126,3 +126,32 @@ def test_a_derived_recipe_trains_its_stages_on_two_cpu_processes(tmp_path, famil
     thetas = model.get("rope_parameters") or {}
     full = thetas.get("full_attention", thetas)  # Gemma 3: the global layers' base
     assert full["rope_theta"] == recipe.rope_theta
+
+
+def test_the_cpu_miniature_of_a_derived_plan_runs_its_stages(tmp_path):
+    """``--micro``: the derived plan's own ``micro:`` section (a tiny random model of the same family and head
+    ratio, the plan's backend on its processes, lengths doubling per stage) trains every stage (``ONLY=train``)."""
+    config, want = FAMILIES["llama"]
+    recipe = derived_for(config, want).recipe
+    micro = recipe.settings["micro"]
+    path = recipe.write(tmp_path / "recipe.yaml")
+    work = tmp_path / "w"
+    env = {**os.environ, "ONLY": "train", "WORK": str(work), "PY": zygote.python(), "CORPUS_CHARS": "3e5",
+           "NUM_PROC": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    res = run_job([zygote.python(), "-m", "easy_context.extend", "--recipe", str(path), "--micro"], cwd=ROOT, env=env,
+                  timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "every training run passes train.py's layout check" in res.stdout
+    stages = dict(line.split("\t")[:2] for line in (work / "results" / "stages.tsv").read_text().splitlines())
+    first = f"stage1_{micro['stages'][0]['seq-length']}"
+    assert stages.get("model") == stages.get(first) == stages.get("extended") == "0", stages
+    model = json.loads((work / "extended" / "config.json").read_text())
+    assert (
+        model["model_type"] == "llama" and model["num_attention_heads"] == micro["micro_model"]["num_attention_heads"]
+    )
+    for name, length in ((first, micro["stages"][0]["seq-length"]), ("extended", micro["target"])):
+        args = json.loads((work / name / "run_config.json").read_text())
+        assert args["launch"]["processes"] == micro["nproc"] == 2 and args["args"]["parallel_mode"] == want[0]
+        assert args["args"]["seq_length"] == length and args["args"]["checkpointing"] == recipe.checkpointing
+        rows = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["step"] == 3 and all(0 < r["loss"] < 20 for r in rows), rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLCHAIN = {"deepspeed", "trl", "pytest", "pytest-xdist", "ruff", "tensorboard", "torchao", "gguf"}
+TOOLCHAIN = {"deepspeed", "trl", "pytest", "pytest-xdist", "ruff", "tensorboard", "torchao"}
 
 
 def makefile_rules() -> dict[str, tuple[list[str], str]]:
@@ -65,6 +65,7 @@ def test_demo_installs_only_its_runtime():
     rules = makefile_rules()
     names, recipes = installs(rules, "demo")
     assert {"torch", "transformers", "accelerate", "datasets", "matplotlib"} <= names, names
+    assert "gguf" in names  # easy-context-fetch's names are easy-context-extend's --model names too
     assert not names & TOOLCHAIN, names & TOOLCHAIN
     assert "deepspeed" not in recipes.lower() and "torch_extensions" not in recipes, recipes
     assert ".venv/.installed" not in chain(rules, "demo") and ".venv/.runtime" in chain(rules, "demo")

@@ -77,3 +77,31 @@ def test_launched_train_py_prints_its_error_once(tmp_path):
     # ended by torch elastic (SIGTERM, -15) once the first is gone (seen in 1 of ~20 CI runs)
     assert re.match(r"easy_context\.launch: rank 0 exited with (1|-15), rank 1 exited with (1|-15) ", last), last
     assert "exited with 1" in last, last
+
+
+def test_a_bad_layout_is_refused_once_before_the_weights_load(tmp_path):
+    """The extension pipeline's own launch of 2 CPU ranks (Settings.launch, unbuffered output as the pipeline runs
+    it) with Ulysses over 2 ranks of a 3-head model: the refusal comes once, from rank 0, with no launcher traceback,
+    and before the weights load (the weights file is not a safetensors file: reading it would fail otherwise)."""
+    import json
+
+    from easy_context.extend.settings import resolve
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(
+        model_type="llama", hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=3, vocab_size=300, max_position_embeddings=256)))  # fmt: skip
+    (model / "model.safetensors").write_bytes(b"not weights")
+    (tmp_path / "r.yaml").write_text("seq-length: 256\nrope-theta: 1.0e+6\npipeline: {base_length: 128, nproc: 2}\n")
+    launch = resolve(str(tmp_path / "r.yaml"), {"DEVICE": "cpu"}).launch(sys.executable)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [*launch, "train.py", "--model", str(model), "--dataset", "random:40", "--vocab-size", "300", "--output-dir",
+           str(tmp_path / "out"), "--seq-length", "128", "--parallel_mode", "ulysses_attn", "--dtype", "float32",
+           "--checkpointing", "none"]  # fmt: skip
+    res = run_job(cmd, cwd=ROOT, env=env, timeout=300)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert res.returncode == 1 and len(errors) == 1, res.stderr[-3000:]
+    assert "3 query heads are not divisible by the Ulysses degree 2" in errors[0], errors
+    assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr[-3000:]
+    assert "safetensors" not in res.stderr + res.stdout  # the weights were never read

@@ -250,7 +250,7 @@ def test_the_command_runs_a_recipe_or_derives_one(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "stage 1: 48 x 2 steps" in out and "main: 64 x 3 steps" in out and "optimizer ddp" in out
     ran = []
-    monkeypatch.setattr(cli, "run_recipe", lambda path: ran.append(path) or 0)
+    monkeypatch.setattr(cli, "run_recipe", lambda path, micro=False: ran.append(path) or 0)
     assert cli.main(["--recipe", str(tmp_path / "r.yaml")]) == 0 and ran == [str(tmp_path / "r.yaml")]
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(dict(
