@@ -5,6 +5,8 @@ merge list, scores that do not follow that order, blank pieces stored as spaces,
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,7 +15,10 @@ BYTES = [f"<0x{b:02X}>" for b in range(256)]
 
 
 def essays(n_chars: int = 400_000) -> list[str]:
-    """The non-blank lines of the first essays in PaulGrahamEssays/, at least ``n_chars`` characters if there."""
+    """The non-blank lines of the first essays in PaulGrahamEssays/ (fetched first when absent: a test that needs them
+    fails rather than skips), at least ``n_chars`` characters."""
+    if not any((ROOT / "PaulGrahamEssays").glob("*.txt")):
+        subprocess.run([sys.executable, str(ROOT / "PaulGrahamEssays" / "fetch.py")], check=True)
     lines = []
     for path in sorted((ROOT / "PaulGrahamEssays").glob("*.txt")):
         lines += path.read_text(encoding="utf-8").splitlines()

@@ -30,7 +30,7 @@ def tokenizers(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("start_ids")
     lines = essays(200_000)
     if len(lines) < 100:
-        pytest.skip("PaulGrahamEssays/ holds too little text (python PaulGrahamEssays/fetch.py)")
+        raise AssertionError("PaulGrahamEssays/ holds too little text (python PaulGrahamEssays/fetch.py)")
     out = {}
     _, pieces = train_pieces(lines, vocab_size=800)
     gemma = load_gguf_tokenizer(write_gemma_gguf(root / "gemma.gguf", pieces, chat_template=GEMMA_CHAT))
