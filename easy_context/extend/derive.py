@@ -31,7 +31,7 @@ from easy_context.plan.solve import Prediction, best_prediction, budget_at, pred
 from easy_context.training.flops import PEAK_TFLOPS, train_flops_per_token
 
 STAGE_FACTOR = 4  # each stage at most 4x the length trained before it (Llama 3.1, LongRoPE: progressive extension)
-ROPE_MARGIN = 2.0  # x the stable bound: Gemma 3 kept 1.7x it at 32K, Llama 3 2.8x at 8K
+ROPE_MARGIN = 2.0  # x the stable bound: Gemma 3 kept 1.8x it at 32K, Llama 3 2.8x at 8K
 NICE = (1.0, 2.0, 2.5, 5.0)  # a derived base is rounded up to one of these x 10^k
 TOKENS_AT_7B = 0.5e9  # Fu et al. 2024: 0.5B tokens take Llama-2-7B from 4K to 128K
 LR_ANCHORS = ((7e9, 2e-5), (65e9, 1e-5))  # Chen et al. 2023 (Position Interpolation): 2e-5 for 7B/13B, 1e-5 for 65B
