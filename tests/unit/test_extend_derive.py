@@ -244,7 +244,7 @@ def test_gpt_oss_20b_to_128k_is_refused_it_is_native():
 
 
 def test_a_target_past_the_planners_longest_is_refused_naming_the_next_knob():
-    with pytest.raises(ValueError, match=r"does not fit 1 x 80 GB GPU.*next knob: --gpus 2") as info:
+    with pytest.raises(ValueError, match=r"does not fit 1 x H100 \(80 GB, .*next knob: --gpus 2") as info:
         derive(LLAMA3_8B, 4 << 20, gpus=1, gpu_mem="80GB", name="llama3")
     assert "\n" not in str(info.value)
 
