@@ -1,6 +1,6 @@
-"""Compute the table of stable RoPE-base bounds that easy_context/extend/rope_table.py holds.
+"""Compute the table of stable RoPE-base bounds that easy_context/extend/rope_base.py holds (STABLE_BOUNDS).
 
-    python bench/rope_base_table.py --device cuda --out rope_table.json   # minutes on one GPU, hours on 2 CPU cores
+    python bench/rope_base_table.py --out rope_table.json   # seconds an entry on one CPU core (--device cuda: a GPU)
 
 Runs :func:`easy_context.extend.rope_base.min_rope_base` (``stable=True``) for each rotary dim and power-of-two
 length; ``--device cuda`` makes torch's default device the GPU (the same code, float64 throughout).

@@ -95,20 +95,23 @@ def main(argv: list[str] | None = None) -> None:
 
     # the loop: one optimizer step of --gradient-accumulate-every micro-batches per iteration
     stream = micro_batch_stream(loader, sampler, skip=consumed)
-    bar = tqdm(range(start_step, last_step), disable=not accelerator.is_local_main_process,
-               initial=start_step, total=args.max_train_steps)  # fmt: skip
-    for step in bar:
+    # counted by hand: a bar that wraps the loop counts a step when the next one begins, so the break after the last
+    # step would leave it at n-1 of n
+    bar = tqdm(disable=not accelerator.is_local_main_process, initial=start_step, total=args.max_train_steps)
+    for step in range(start_step, last_step):
         guard.step_begins()
         batches = [next(stream) for _ in range(args.gradient_accumulate_every)]  # on the host
         loss = train_step(step + 1, batches)
         consumed, tokens = consumed + len(batches), tokens + step_tokens
         last = guard.step_done(step + 1)  # --time-limit may make this step the last
+        bar.update(1)
         if (step + 1) % args.log_every == 0 or last:
             show(bar, metrics.log(step + 1, loss, scheduler.get_last_lr()[0], train_step.skipped, train_step.grad_norm))
         if guard.save_due(step + 1):
             guard.save_state(step + 1, consumed, train_step.skipped, tokens)
         if last:
             break
+    bar.close()
 
     guard.save_final(train_model, tokenizer)
     for tracker in accelerator.trackers:  # not accelerator.end_training(): it destroys the world group while

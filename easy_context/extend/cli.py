@@ -1,9 +1,9 @@
 """``python -m easy_context.extend`` (the ``easy-context-extend`` console script): derive a model's extension recipe
 for the hardware, write it, and run it (easy_context.extend.pipeline); ``--dry-run`` prints each stage's train.py
-command, tokens, and the planner's memory and time estimate instead, running nothing. ``--recipe R`` runs a recipe
-written before (edited or not)::
+command, tokens, the planner's memory and the time estimates (training for the named GPU, data, evaluations)
+instead, running nothing. ``--recipe R`` runs a recipe written before (edited or not)::
 
-    easy-context-extend --model path/to/model --to 256K --gpus 1 --gpu-mem 141GB      # derive, write, run
+    easy-context-extend --model path/to/model --to 256K --gpus 1 --gpu h200           # derive, write, run
     easy-context-extend --model path/to/model --to 256K --write-recipe r.yaml --dry-run
     easy-context-extend --recipe r.yaml                                               # run it
     easy-context-extend --model smollm2-135m --to 64K --micro [--dry-run]             # its CPU miniature
@@ -18,10 +18,13 @@ import sys
 import tempfile
 
 from easy_context.cli import ArgumentParser
+from easy_context.extend import estimate
 from easy_context.extend.derive import MFU, Derived, derive
+from easy_context.extend.estimate import format_seconds, format_tokens
 from easy_context.extend.recipe import Recipe, format_length, parse_length
-from easy_context.extend.settings import Settings, SettingsError
+from easy_context.extend.settings import Settings, SettingsError, resolve
 from easy_context.models.shapes import GB
+from easy_context.training.flops import GPUS
 
 
 def build_parser() -> ArgumentParser:
@@ -42,8 +45,9 @@ def build_parser() -> ArgumentParser:
         help="run this recipe (one --write-recipe wrote, edited or not) instead of deriving one",
     )
     ap.add_argument("--gpus", type=int, default=1, help="GPUs in all")
-    ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
-    ap.add_argument("--host-mem", default="1TB", help="per node")
+    ap.add_argument("--gpu", default="h100", help=f"the GPU: {', '.join(GPUS)} (its dense bf16 peak times the steps)")
+    ap.add_argument("--gpu-mem", default=None, help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB (default: --gpu's)")
+    ap.add_argument("--host-mem", default=None, help="per node (default: this machine's RAM, said in the plan)")
     ap.add_argument(
         "--write-recipe",
         metavar="OUT.yaml",
@@ -60,25 +64,60 @@ def build_parser() -> ArgumentParser:
     return ap
 
 
-def describe(derived: Derived) -> str:
-    """The stages as text: each one's train.py command, tokens, and the planner's bytes and time estimate."""
+def describe(derived: Derived, settings: Settings | None = None, host_note: str = "") -> str:
+    """The stages as text: each one's train.py command, tokens, and the planner's bytes and time estimate; with the
+    pipeline's ``settings``, the data preparation, evaluations and control it runs besides (estimated)."""
     r = derived.recipe
-    lines = [f"{r.run_name}: {format_length(derived.native)} -> {format_length(r.target)} on {derived.hardware}; "
-             f"RoPE base {r.rope_theta:.3g}, peak LR {r.learning_rate:g}"]  # fmt: skip
-    total_s = 0.0
+    lines = [f"{r.run_name}: {format_length(derived.native)} -> {format_length(r.target)} on {derived.hardware}"
+             f"{host_note}; RoPE base {r.rope_theta:.3g}, peak LR {r.learning_rate:g}"]  # fmt: skip
+    train_s = 0.0
     for i, (stage, plan) in enumerate(zip(r.all_stages, derived.plans)):
-        total_s += plan.seconds
+        train_s += plan.seconds
         name = "main" if i == len(derived.plans) - 1 else f"stage {i + 1}"
         lines.append(
-            f"  {name}: {format_length(plan.seq_length)} x {plan.steps} steps = {plan.tokens / 1e6:.1f}M tokens; "
+            f"  {name}: {format_length(plan.seq_length)} x {plan.steps} steps = {format_tokens(plan.tokens)} tokens; "
             f"{plan.gpu_bytes / GB:.1f} GB a GPU, {plan.host_bytes / GB:.1f} GB host ({plan.optim}, {plan.config}); "
-            f"~{plan.step_seconds:.1f} s/step, ~{plan.seconds / 3600:.2f} h"
+            f"~{format_seconds(plan.step_seconds)} a step, ~{format_seconds(plan.seconds)}"
         )
         lines.append(f"    train.py --model MODEL --rope-theta {r.rope_theta:g} --max-train-steps {stage.steps} "
                      f"--learning-rate {stage.learning_rate or r.learning_rate:g} {plan.train_flags}")  # fmt: skip
-    lines.append(f"  in all: {sum(p.tokens for p in derived.plans) / 1e6:.1f}M tokens, ~{total_s / 3600:.2f} h "
-                 f"(time at {MFU:.0%} of dense bf16 peak; nothing was run)")  # fmt: skip
+    tokens = sum(p.tokens for p in derived.plans)
+    extras = [] if settings is None else _extras(derived, settings, tokens)
+    for extra in extras:
+        lines.append(f"  {extra.name}: ~{format_seconds(extra.seconds)} ({extra.why})")
+    total_s = train_s + sum(e.seconds for e in extras)
+    besides = " + data, evaluations" + (", control" if any(e.name == "control" for e in extras) else "")
+    lines.append(f"  in all: {format_tokens(tokens)} tokens trained, ~{format_seconds(total_s)} (training "
+                 f"{format_seconds(train_s)}{besides if extras else ''}); estimates at {MFU:.0%} of the "
+                 f"{derived.gpu.name}'s dense bf16 peak, nothing was run")  # fmt: skip
     return "\n".join(lines)
+
+
+def _extras(derived: Derived, settings: Settings, tokens: int) -> list[estimate.Extra]:
+    """The pipeline's work besides the training stages, estimated (easy_context.extend.estimate)."""
+    config = derived.config
+    gpus = int(settings.nproc)
+    lengths = len({*(p.seq_length for p in derived.plans), *([settings.base_length] if settings.control else [])})
+    out = [estimate.data(settings, lengths), estimate.evaluations(config, settings, derived.peak_flops, MFU)]
+    control = estimate.control(config, settings, tokens, gpus, derived.peak_flops, MFU)
+    return out + ([control] if control else [])
+
+
+def pipeline_settings(recipe: Recipe, path: str | None) -> Settings | None:
+    """The pipeline's settings of ``recipe`` (written at ``path``, else in a temporary file) under this environment;
+    None when they do not resolve (the run would say why)."""
+    try:
+        if path:
+            return resolve(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            return resolve(recipe.write(os.path.join(tmp, "recipe.yaml"), "for the estimate"))
+    except (SettingsError, OSError, ValueError):
+        return None
+
+
+def machine_memory() -> float:
+    """This machine's RAM in bytes."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def describe_recipe(recipe: Recipe) -> str:
@@ -90,8 +129,8 @@ def describe_recipe(recipe: Recipe) -> str:
         name = "main" if i == len(recipe.stages) else f"stage {i + 1}"
         own = {k: v for k, v in stage.to_mapping().items() if k not in ("seq-length", "max-train-steps")}
         flags = " ".join(f"--{k} {v}" for k, v in own.items())
-        lines.append(f"  {name}: {format_length(stage.seq_length)} x {stage.steps} steps = {stage.tokens / 1e6:.1f}M "
-                     f"tokens a sequence per step; {flags}")  # fmt: skip
+        lines.append(f"  {name}: {format_length(stage.seq_length)} x {stage.steps} steps = "
+                     f"{format_tokens(stage.tokens)} tokens (one sequence a step); {flags}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -172,18 +211,24 @@ def main(argv: list[str] | None = None) -> int:
         return run_recipe(args.recipe, micro)
     if not (args.model and args.to):
         ap.error("give both --model and --to (the target length: 262144, 256K or 1M)")
+    host_mem, host_note = args.host_mem, ""
+    if host_mem is None:
+        host_mem = machine_memory()
+        host_note = " (host: this machine's RAM; --host-mem for the training machine's)"
     try:
-        derived = derive(args.model, parse_length(args.to), gpus=args.gpus, gpu_mem=args.gpu_mem,
-                         host_mem=args.host_mem)  # fmt: skip
+        derived = derive(args.model, parse_length(args.to), gpus=args.gpus, gpu_mem=args.gpu_mem, host_mem=host_mem,
+                         gpu=args.gpu)  # fmt: skip
     except ValueError as exc:
         ap.error(str(exc))
+    host = args.host_mem or f"{host_mem / GB:g}GB"
     header = (f"derived by python -m easy_context.extend --model {args.model} --to {args.to} --gpus {args.gpus} "
-              f"--gpu-mem {args.gpu_mem}: each comment says where its value came from")  # fmt: skip
+              f"--gpu {args.gpu} --gpu-mem {args.gpu_mem or 'its own'} --host-mem {host}: each comment says where its "
+              "value came from")  # fmt: skip
     if args.dry_run and not args.write_recipe:
         if micro:  # the miniature's settings are the written recipe's, resolved: a file nobody keeps
             with tempfile.TemporaryDirectory() as tmp:
                 return _print_micro(ap, str(derived.recipe.write(os.path.join(tmp, "recipe.yaml"), header)))
-        print(describe(derived))
+        print(describe(derived, pipeline_settings(derived.recipe, None), host_note))
         print(f"  {derived.layout}")
         return 0
     out = args.write_recipe or f"out/extend_{derived.recipe.run_name}/recipe.yaml"
@@ -193,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return _print_micro(ap, str(path))
     else:
-        print(describe(derived))
+        print(describe(derived, pipeline_settings(derived.recipe, str(path)), host_note))
         print(f"  {derived.layout}")
     if args.dry_run:
         return 0

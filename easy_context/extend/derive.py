@@ -20,6 +20,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from easy_context.extend import estimate
 from easy_context.extend.layout import LayoutError, PlanLayout, Run, next_multiple
 from easy_context.extend.micro import micro_section
 from easy_context.extend.recipe import Recipe, Stage, format_length
@@ -30,10 +31,10 @@ from easy_context.plan.options import OPTIONS, parse_config
 from easy_context.plan.report import train_flags
 from easy_context.plan.setup import Setup
 from easy_context.plan.solve import Prediction, best_prediction, budget_at, predict
-from easy_context.training.flops import PEAK_TFLOPS, train_flops_per_token
+from easy_context.training.flops import Gpu, train_flops_per_token
 
 STAGE_FACTOR = 4  # each stage at most 4x the length trained before it (Llama 3.1, LongRoPE: progressive extension)
-ROPE_MARGIN = 2.0  # x the stable bound: Gemma 3 kept 1.7x it at 32K, Llama 3 2.8x at 8K
+ROPE_MARGIN = 2.0  # x the stable bound: Gemma 3 kept 1.8x it at 32K, Llama 3 2.8x at 8K
 NICE = (1.0, 2.0, 2.5, 5.0)  # a derived base is rounded up to one of these x 10^k
 TOKENS_AT_7B = 0.5e9  # Fu et al. 2024: 0.5B tokens take Llama-2-7B from 4K to 128K
 LR_ANCHORS = ((7e9, 2e-5), (65e9, 1e-5))  # Chen et al. 2023 (Position Interpolation): 2e-5 for 7B/13B, 1e-5 for 65B
@@ -53,7 +54,6 @@ CONFIGS = (
 OPTIMS = ("ddp", "zero3", "host_adamw", "zero3_offload_optimizer", "zero3_offload")
 SP_MODES = ("ulysses_attn", "zigzag_ring_attn")  # Ulysses where the heads divide the degree, else the ring
 MFU = 0.25  # measured: 32 % (SmolLM2 64K, no recompute) and 22 % (Gemma 3 256K, full recompute) on one H200
-PEAK_FLOPS = PEAK_TFLOPS["H100"] * 1e12  # dense bf16, H100 and H200 alike
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,13 @@ class Derived:
     plans: tuple[StagePlan, ...]
     native: int
     hardware: str
+    gpu: Gpu  # the named GPU: its dense bf16 peak times the step estimates
+    config: PretrainedConfig  # the model's text config (FLOPs per token)
     layout: str = ""  # the line saying every training run passes train.py's layout check
+
+    @property
+    def peak_flops(self) -> float:
+        return self.gpu.tflops * 1e12
 
 
 def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> PretrainedConfig:
@@ -203,11 +209,11 @@ def _fits(shape: ModelShape, setup: Setup, option, mode: str, length: int) -> Pr
     return pred if pred.limited_by != "infeasible" and pred.max_seq >= length else None
 
 
-def _stage_plan(config, shape, setup, mode, pred: Prediction, length: int, steps: int) -> StagePlan:
+def _stage_plan(config, shape, setup, mode, pred: Prediction, length: int, steps: int, peak: float) -> StagePlan:
     budget = budget_at(shape, setup, mode, parse_config(pred.config), length)
     at = budget.at(length)
     dp = setup.gpus // setup.sp_size
-    step_s = train_flops_per_token(config, length) * length * dp / (setup.gpus * PEAK_FLOPS * MFU)
+    step_s = train_flops_per_token(config, length) * length * dp / (setup.gpus * peak * MFU)
     return StagePlan(length, steps, length * steps * dp, mode, setup.sp_size, setup.optim, pred.config, pred.max_seq,
                      at["gpu_total"], at["host_total"], step_s,
                      train_flags(shape, setup, mode, pred.config, length, budget))  # fmt: skip
@@ -227,14 +233,18 @@ def _flags(plan: StagePlan) -> dict[str, Any]:
 
 
 def derive(
-    model: str | Mapping[str, Any] | PretrainedConfig, target: int, gpus: int = 1, gpu_mem: str | float = "80GB",
-    host_mem: str | float = "1TB", name: str | None = None,
+    model: str | Mapping[str, Any] | PretrainedConfig, target: int, gpus: int = 1, gpu_mem: str | float | None = None,
+    host_mem: str | float = "1TB", name: str | None = None, gpu: str = "h100",
 ) -> Derived:  # fmt: skip
-    """The recipe that takes ``model`` to ``target`` tokens on ``gpus`` GPUs of ``gpu_mem`` (planner units: "80GB",
-    "141GB"; host memory per node ``host_mem``). Raises a one-line ValueError naming the fix for a target at or below
-    the native length, no GPUs, or a target the planner finds no fitting layout for."""
+    """The recipe that takes ``model`` to ``target`` tokens on ``gpus`` GPUs named ``gpu`` (its datasheet peak times
+    the steps) of ``gpu_mem`` each (planner units: "80GB", "141GB"; None: the named GPU's memory); host memory per node
+    ``host_mem``. Raises a one-line ValueError naming the fix for a target at or below the native length, no GPUs, an
+    unknown GPU, or a target the planner finds no fitting layout for."""
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"--gpus {gpus}: give at least 1 GPU")
+    spec = estimate.gpu(gpu)
+    if gpu_mem is None:
+        gpu_mem = spec.memory_gb * GB
     gpu_bytes = parse_size(gpu_mem) if isinstance(gpu_mem, str) else float(gpu_mem)
     host_bytes = parse_size(host_mem) if isinstance(host_mem, str) else float(host_mem)
     config = model_config(model)
@@ -249,7 +259,10 @@ def derive(
     if all(kind != "full" for kind, _ in windows):
         raise ValueError(f"{label}: every layer attends through a window ({windows[0][1]} tokens), none sees the "
                          "extended length; use a model with full-attention layers")  # fmt: skip
-    hardware = f"{gpus} x {gpu_bytes / GB:g} GB GPU, {host_bytes / GB:g} GB host"
+    peak = f"{spec.tflops:g} TFLOP/s dense bf16"
+    card = (f"{spec.name} ({_gb(gpu_bytes)} GB, {peak})" if gpu_bytes == spec.memory_gb * GB else
+            f"{_gb(gpu_bytes)} GB GPU (timed as an {spec.name}: {peak}; --gpu names yours)")  # fmt: skip
+    hardware = f"{gpus} x {card}, {_gb(host_bytes)} GB host"
     shape = _shape(config, str(label))
 
     # the launch layout: the first candidate that fits the target and that train.py's layout check lets run (the
@@ -261,8 +274,10 @@ def derive(
         widest = Setup(gpus=gpus, gpu_mem=gpu_bytes, host_mem=host_bytes, optim="zero3_offload")
         best = max((best_prediction(shape, widest, m, o) for m in ("zigzag_ring_attn", "data_parallel")
                     for o in OPTIONS), key=lambda p: p.max_seq)  # fmt: skip
-        raise ValueError(f"{label} at {format_length(target)} tokens does not fit {hardware}: the planner's longest is "
-                         f"{best.max_seq:,} tokens ({best.mode}, {best.config}, zero3_offload); next knob: "
+        longest = (f"the planner's longest is {best.max_seq:,} tokens ({best.mode}, {best.config}, zero3_offload)"
+                   if best.max_seq >= 1 else "not one token fits: the weights and optimizer state alone exceed it, "
+                   "even offloaded (zero3_offload)")  # fmt: skip
+        raise ValueError(f"{label} at {format_length(target)} tokens does not fit {hardware}: {longest}; next knob: "
                          f"--gpus {gpus * 2} (a longer SP ring) or more --host-mem")  # fmt: skip
     setup, _, mode, _ = chosen
     dp = gpus // setup.sp_size
@@ -279,11 +294,11 @@ def derive(
     for i, length in enumerate(lengths):
         pred = next(p for c in CONFIGS if (p := _fits(shape, setup, parse_config(c), mode, length)))
         steps = max(1, math.ceil(per_stage / (length * dp)))
-        plan = _stage_plan(config, shape, setup, mode, pred, length, steps)
+        plan = _stage_plan(config, shape, setup, mode, pred, length, steps, spec.tflops * 1e12)
         plans.append(plan)
         flags = _flags(plan)
         why = {
-            "max-train-steps": f"{per_stage / 1e6:.1f}M tokens (1/{len(lengths)} of {tokens_why}) / "
+            "max-train-steps": f"{estimate.format_tokens(per_stage)} tokens (1/{len(lengths)} of {tokens_why}) / "
                                f"({format_length(length)} x {dp} sequences a step)",
             "checkpointing": f"the planner: {plan.config} fits ({plan.gpu_bytes / GB:.1f} GB a GPU; its longest at "
                              f"this layout {plan.max_seq:,} tokens)",
@@ -349,7 +364,7 @@ def derive(
     if settings.get("control", 1):
         runs.append(Run("control", native))
     checked = layout.check(config, runs)  # derive picks only what passes: a failure here is a bug, not a user's
-    return Derived(recipe, tuple(plans), native, hardware, checked)
+    return Derived(recipe, tuple(plans), native, hardware, spec, config, checked)
 
 
 def _plan_layout(setup: Setup, mode: str) -> PlanLayout:
@@ -373,6 +388,11 @@ def _fetch_name(model: object) -> str | None:
     if isinstance(model, str) and not os.path.exists(model) and find_source(model):
         return model
     return None
+
+
+def _gb(nbytes: float) -> str:
+    """Bytes as GB (1e9): whole above 100 (1,000), else 3 significant figures (25.3)."""
+    return f"{nbytes / GB:,.0f}" if nbytes >= 100 * GB else f"{nbytes / GB:.3g}"
 
 
 def _model_folder(model: object) -> str | None:

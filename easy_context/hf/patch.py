@@ -1,7 +1,9 @@
 """Switch transformers models to sequence-parallel attention through the attention registry.
 
 ``apply_seq_parallel_monkey_patch(seq_algo, model)`` registers our attention function under a name and
-sets it on the model (``model.set_attn_implementation``); no model code is copied or replaced. For
+sets it on the model (``model.set_attn_implementation``); no model code is copied or replaced. The switched model
+gets a config object of its own first: transformers' ``from_config`` shares one config among the models built from it,
+and the others keep their attention. For
 EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
 that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``); under
 data_parallel one built with ``attn_implementation=`` named keeps it (on one process that is the user's choice, under
@@ -30,12 +32,13 @@ modules whose frequencies depend on the largest position id see the SP group's (
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from easy_context.core.documents import local_documents
@@ -218,11 +221,24 @@ def own_attention(model: PreTrainedModel) -> str:
     return getattr(model, "_easy_context_own_attention", None) or "eager"
 
 
+def _own_config(model: PreTrainedModel) -> None:
+    """Give ``model`` a config object of its own: transformers' ``from_config`` keeps the config it is given, so models
+    built from one config share it, and setting our attention on it would switch them all (without this model's
+    guards). Every module of ``model`` that held the config, or one of its sub-configs, gets the copy's."""
+    memo: dict[int, Any] = {}
+    copy.deepcopy(model.config, memo)
+    for module in model.modules():
+        copied = memo.get(id(getattr(module, "config", None)))
+        if isinstance(copied, PretrainedConfig):
+            module.config = copied
+
+
 def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
     sharded = get_seq_algo(seq_algo).distributed
     check_model_supported(model, seq_algo, sharded)
     check_attention_outputs(model, seq_algo)
     own = own_attention(model)
+    _own_config(model)
     name = attention_name(seq_algo, **options)
     model.set_attn_implementation(name)
     check_switched(model, seq_algo, name)

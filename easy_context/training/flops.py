@@ -15,12 +15,39 @@ Which layers have a window is read as transformers' masks read it (:func:`layer_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from transformers import PretrainedConfig
 
 from easy_context.models import layer_windows, text_config
 
-# dense bf16 peak by GPU name (datasheet, no sparsity)
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A800": 312.0, "H800": 989.0, "L40S": 362.0}
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU's datasheet figures: ``name`` as its device name contains it, the dense bf16 tensor peak (no sparsity:
+    half the datasheet's "with sparsity" figure) and the memory in GB (1e9)."""
+
+    name: str
+    tflops: float
+    memory_gb: float
+
+
+# by the name --gpu takes; a more specific device name first (peak_flops matches the first name a device name contains)
+GPUS: dict[str, Gpu] = {
+    "h200": Gpu("H200", 989.0, 141),  # NVIDIA H200 datasheet (SXM): BF16 1,979 TFLOPS with sparsity, 141 GB HBM3e
+    "h100-pcie": Gpu("H100 PCIe", 756.0, 80),  # NVIDIA H100 datasheet (PCIe): BF16 1,513 with sparsity, 80 GB
+    "h100": Gpu("H100", 989.0, 80),  # NVIDIA H100 datasheet (SXM): BF16 1,979 with sparsity, 80 GB HBM3
+    "h800": Gpu("H800", 989.0, 80),  # NVIDIA H800 (SXM): H100's tensor cores, 80 GB
+    "b200": Gpu("B200", 2250.0, 180),  # NVIDIA HGX B200 datasheet: BF16 36 PFLOPS with sparsity for 8 GPUs, 1.4 TB
+    "a100": Gpu("A100", 312.0, 80),  # NVIDIA A100 datasheet: BF16 312 (624 with sparsity), 80 GB HBM2e
+    "a100-40gb": Gpu("A100", 312.0, 40),  # the same, 40 GB HBM2
+    "a800": Gpu("A800", 312.0, 80),  # NVIDIA A800: A100's tensor cores, 80 GB
+    "l40s": Gpu("L40S", 362.0, 48),  # NVIDIA L40S datasheet: BF16 362 (733 with sparsity), 48 GB GDDR6
+    "a10": Gpu("A10", 125.0, 24),  # NVIDIA A10 datasheet: BF16 125 (250 with sparsity), 24 GB GDDR6
+    "l4": Gpu("L4", 121.0, 24),  # NVIDIA L4 datasheet: BF16 242 with sparsity, 24 GB GDDR6
+}
+# dense bf16 peak by device-name part, in GPUS' order (MFU of a run)
+PEAK_TFLOPS = {gpu.name: gpu.tflops for gpu in GPUS.values()}
 
 # model types whose MLP is two matmuls (up, down) instead of the gated three (gate, up, down)
 NON_GATED_MLP = frozenset({

@@ -365,11 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     """``python easy_context/training/recipe.py --shell [--micro] RECIPE.yaml``: the recipe's pipeline settings as
     shell lines (run as a file path, this imports neither torch nor easy_context)."""
     parser = argparse.ArgumentParser(prog="recipe.py", description=main.__doc__)
-    parser.add_argument("--shell", required=True, metavar="RECIPE.yaml", help="print its pipeline settings for eval")
+    parser.add_argument("--shell", required=True, action="store_true", help="print its pipeline settings for eval")
     parser.add_argument("--micro", action="store_true", help="with the pipeline's micro: overrides (CPU check)")
+    parser.add_argument("recipe", metavar="RECIPE.yaml")
     args = parser.parse_args(argv)
     try:
-        sys.stdout.write(pipeline_shell(load_recipe(args.shell), micro=args.micro))
+        sys.stdout.write(pipeline_shell(load_recipe(args.recipe), micro=args.micro))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

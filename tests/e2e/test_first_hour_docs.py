@@ -80,6 +80,27 @@ def test_a_shard_of_another_layout_is_refused_on_4_ranks(dist_pool):
         dist_pool(4).run(run_api_block, code, True)
 
 
+@pytest.mark.parametrize("index", [0, 1])
+def test_api_blocks_run_as_their_launch_line_says(tmp_path, index):
+    """Each distributed block of docs/api.md, saved under the name its first line gives, runs with the torchrun
+    command written there: every rank prints its line and the launch exits 0."""
+    import sys
+
+    from tests.support.jobs import run_job
+
+    code = block("docs/api.md", index)
+    name, command = re.match(r"# (\S+), run as: (torchrun [^(]*?) \(", code.splitlines()[0]).groups()
+    words = shlex.split(command)
+    assert words[0] == "torchrun" and words[-1] == name and "--nproc_per_node" in words
+    (tmp_path / name).write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    res = run_job([sys.executable, "-m", "torch.distributed.run", *words[1:]], timeout=300, cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    world = int(words[words.index("--nproc_per_node") + 1])
+    assert sorted(re.findall(r"^rank (\d+): ", res.stdout, re.M)) == [str(r) for r in range(world)], res.stdout
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # a switched model and transformers' own loss on 2 and 4 ranks
 

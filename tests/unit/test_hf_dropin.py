@@ -186,3 +186,39 @@ def test_use_cache_asked_for_returns_transformers_cache(model_type):
     torch.testing.assert_close(out.logits, reference.logits, rtol=1e-5, atol=1e-6)
     unasked = model(ids)
     assert (getattr(unasked, "cache", None) or unasked.past_key_values) is None
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("seq_algo", ["data_parallel", "zigzag_ring_attn"])
+def test_a_patch_leaves_a_twin_of_the_same_config_alone(model_type, seq_algo):
+    """transformers' from_config keeps the config object it is given: two models built from one config share it.
+    Switching one leaves the other on transformers' own attention: its logits and greedy generate() are those of a
+    model that was never patched (built alone, same weights); the switched one keeps its parity (data_parallel:
+    1e-5 against transformers' attention, through easy_context's attention)."""
+    from transformers import AutoModelForCausalLM
+
+    from easy_context.hf.attention import attention_calls
+    from tests.support.models import tiny_config
+
+    config = tiny_config(model_type)
+    twins = []
+    for _ in range(2):
+        torch.manual_seed(0)  # tiny_model's seed: the reference has the same weights
+        twins.append(AutoModelForCausalLM.from_config(config, attn_implementation="eager").float())
+    patched, twin = twins
+    assert patched.config is twin.config
+    reference = tiny_model(model_type)
+    kernel = {"kernel": "math"} if seq_algo == "data_parallel" else {}
+    ec.apply_seq_parallel_monkey_patch(seq_algo, patched, **kernel)
+    assert patched.config._attn_implementation.startswith("easy_context_")
+    assert twin.config._attn_implementation == "eager" and config._attn_implementation == "eager"
+    assert all(m.config is twin.config for m in twin.modules() if hasattr(m, "config"))
+    ids = torch.randint(1, 128, (2, 13), generator=torch.Generator().manual_seed(0))
+    calls = attention_calls()
+    torch.testing.assert_close(twin(ids).logits, reference(ids).logits, rtol=0, atol=0)
+    want = reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(twin.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0), want)
+    assert attention_calls() == calls  # the twin never reached easy_context's attention
+    if seq_algo == "data_parallel":
+        torch.testing.assert_close(patched(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-6)
+        assert attention_calls() > calls
