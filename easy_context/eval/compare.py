@@ -120,15 +120,17 @@ def _signed(value) -> str:
     return "—" if value is None else f"{value:+.2f}"
 
 
-def gain_markdown(rows: list[dict]) -> list[str]:
-    """The gain table: per extended model, task and length, its score, the best training-free baseline's, the gain."""
+def gain_markdown(rows: list[dict], baselines: int) -> list[str]:
+    """The gain table: per extended model, task and length, its score, the best training-free baseline's (with how
+    many of the ``baselines`` scored the cell, where not all did), the gain."""
     if not rows:
         return []
     lines = ["Gain over the best training-free baseline (the same prompts; best = the highest baseline score in the "
              "cell):", "", "| task | length | model | score | best training-free baseline | its score | gain |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
-        best = f"{r['best_baseline'] or '—'} | {_fmt(r['best_baseline_score'])}"
+        ran = f" ({r['baselines_scored']} of {baselines} ran)" if r["baselines_scored"] < baselines else ""
+        best = f"{r['best_baseline'] or '—'}{ran} | {_fmt(r['best_baseline_score'])}"
         lines.append(f"| {r['task']} | {_k(r['length'])} | {r['model']} | {_fmt(r['score'])} | {best} | "
                      f"{_signed(r['gain'])} |")  # fmt: skip
     return [*lines, ""]
@@ -164,7 +166,13 @@ def markdown(summary: dict, base_length: int) -> str:
     models = summary["models"]
     lengths = sorted({n for m in models.values() if m["needle"] for n in m["needle"]["by_length"]})
     kinds = ", ".join(f"{name} ({'trained' if is_trained(name) else 'training-free'})" for name in models)
-    lines = [headline(models), "", f"Models: {kinds}.", "", *gain_markdown(summary["gain_over_best_baseline"])]
+    lines = [
+        headline(models),
+        "",
+        f"Models: {kinds}.",
+        "",
+        *gain_markdown(summary["gain_over_best_baseline"], len(training_free(models))),
+    ]
     lines += ["| model | " + " / ".join(map(_k, lengths)) + f" | mean > {_k(base_length)} |"
              + " worst cell | ppl short | ppl " + " / ".join(map(_k, _ppl_lengths(models))) + " |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip

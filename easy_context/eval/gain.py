@@ -47,24 +47,29 @@ def _group(task: str) -> str:
 def gains(models: dict[str, dict]) -> list[dict]:
     """One row per trained model (``extended*``; not the control), task and length it was scored at: ``model``,
     ``task``, ``length``, ``score``, ``best_baseline`` (its name, with its scaling beyond the trained length),
-    ``best_baseline_score``, ``gain`` (score - best; None without a baseline in the cell), rounded to 4 places."""
+    ``best_baseline_score``, ``gain`` (score - best; None without a baseline in the cell), rounded to 4 places, and
+    ``baselines_scored``: how many training-free models scored the cell (fewer than all: the best of those only)."""
     best: dict[tuple[str, int], tuple[float, str]] = {}
+    scored: dict[tuple[str, int], set[str]] = {}
     for name in training_free(models):
         for task, row in task_scores(models[name]).items():
             label = name if _group(task) == task else f"{name} ({task[len(BEYOND) + 2 : -1]})"
             for length, score in row.items():
                 cell = (_group(task), length)
+                scored.setdefault(cell, set()).add(name)
                 if cell not in best or score > best[cell][0]:
                     best[cell] = (score, label)
     rows = []
     for name in (n for n in models if n.startswith("extended")):
         for task, row in task_scores(models[name]).items():
             for length, score in sorted(row.items()):
-                found = best.get((_group(task), length))
+                cell = (_group(task), length)
+                found = best.get(cell)
                 rows.append({"model": name, "task": task, "length": length, "score": round(score, 4),
                              "best_baseline": found[1] if found else None,
                              "best_baseline_score": round(found[0], 4) if found else None,
-                             "gain": round(score - found[0], 4) if found else None})  # fmt: skip
+                             "gain": round(score - found[0], 4) if found else None,
+                             "baselines_scored": len(scored.get(cell, ()))})  # fmt: skip
     return rows
 
 

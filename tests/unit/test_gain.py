@@ -51,6 +51,8 @@ def test_gain_is_the_score_minus_the_best_training_free_baseline_per_task_and_le
     for cell, (name, best, gain) in EXPECTED.items():
         assert got[cell][:2] == (name, best), cell
         assert got[cell][2] == (None if gain is None else pytest.approx(gain, abs=1e-9)), cell
+    ran = {(r["task"], r["length"]): r["baselines_scored"] for r in rows}
+    assert (ran[("needle", 1024)], ran[("vt", 1024)], ran[("fwe", 1024)]) == (2, 1, 0)
 
 
 def test_the_first_line_says_when_no_baseline_or_only_the_base_ran():
@@ -72,7 +74,8 @@ def write_model(folder, needle_rows: dict[int, list[int]], ruler: dict[str, dict
 def test_the_summary_files_carry_the_baselines_and_the_gain(tmp_path):
     write_model(tmp_path / "base", {256: [1, 1], 1024: [0, 0]}, {"vt": {"512": 0.0}})
     write_model(tmp_path / "yarn", {256: [1, 0], 1024: [1, 0]}, {"vt": {"512": 0.4}})
-    write_model(tmp_path / "extended", {256: [1, 1], 1024: [1, 1]}, {"vt": {"512": 0.5}})
+    (tmp_path / "base" / "ruler" / "results.json").write_text(json.dumps({"scores": {"vt": {"512": 0.0, "1024": 0.1}}}))
+    write_model(tmp_path / "extended", {256: [1, 1], 1024: [1, 1]}, {"vt": {"512": 0.5, "1024": 0.0}})
     out = tmp_path / "results"
     args = [a for m in ("base", "yarn", "extended") for a in ("--model", f"{m}={tmp_path / m}")]
     assert compare.main([*args, "--base-length", "256", "--target-length", "1024", "--output", str(out)]) == 0
@@ -80,6 +83,7 @@ def test_the_summary_files_carry_the_baselines_and_the_gain(tmp_path):
     assert md[0].startswith("# Gain of training over the best of 2 training-free baselines") and "(base, yarn)" in md[0]
     assert "| needle | 1K | extended | 1.00 | yarn | 0.50 | +0.50 |" in md  # 2/2 against yarn's 1/2
     assert "| vt | 512 | extended | 0.50 | yarn | 0.40 | +0.10 |" in md
+    assert "| vt | 1K | extended | 0.00 | base (1 of 2 ran) | 0.10 | -0.10 |" in md  # yarn did not score 1K
     summary = json.loads((out / "summary.json").read_text())
     assert summary["training_free_baselines"] == ["base", "yarn"]
     row = next(r for r in summary["gain_over_best_baseline"] if (r["task"], r["length"]) == ("needle", 256))
