@@ -144,7 +144,7 @@ def ruler_markdown(models: dict) -> list[str]:
     lengths = sorted({n for r in runs.values() for row in r["scores"].values() for n in row})
     tasks = list(dict.fromkeys(t for r in runs.values() for t in r["scores"]))
     prompts = sorted({c for r in runs.values() for row in r["samples"].values() for c in row.values()})
-    cell = f", {'/'.join(map(str, prompts))} prompts a cell" if prompts else ""
+    cell = f", {'/'.join(map(str, prompts))} prompt{'s' if prompts != [1] else ''} a cell" if prompts else ""
     lines = [
         "",
         f"RULER tasks (answers generated{cell}):",
