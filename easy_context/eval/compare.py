@@ -10,12 +10,16 @@ through all of them.
 
 Each ``--model NAME=DIR`` folder may hold ``needle/results.csv`` (eval_needle.py), ``needle3/results.csv`` (the same
 with distractors), ``ppl.csv`` (eval_ppl.py by length), ``ppl_short.csv`` (eval_ppl.py over short windows) and
-``prompts.json`` (:mod:`easy_context.eval.fixed_prompts`) and ``long_<SCALING>/results.csv`` (the needle beyond the
-trained length, untrained there: ``long_none`` as is, ``long_yarn_2_65536`` with ``--rope_scaling yarn:2:65536``);
-what is missing is reported as null. Writes
+``prompts.json`` (:mod:`easy_context.eval.fixed_prompts`), ``ruler/results.json`` (eval_ruler.py: the separating
+tasks) and ``long_<SCALING>/results.csv`` (the needle beyond the trained length, untrained there: ``long_none`` as
+is, ``long_yarn_2_65536`` with ``--rope_scaling yarn:2:65536``); what is missing is reported as null. Writes
 ``summary.json`` (per model: needle accuracy per length, within / beyond the base length, per depth beyond it, the
-worst cell; perplexities; prompts), ``summary.md`` (the tables) and ``comparison.png`` (needle heatmaps of the first
-and last model, needle accuracy vs length of every model, perplexity vs length, the training loss).
+worst cell; perplexities; prompts; RULER scores per task and length; and ``training_free_baselines`` and
+``gain_over_best_baseline``: each extended model's gain over the best training-free baseline per task and length,
+:mod:`easy_context.eval.gain`), ``summary.md`` (its first line: which baselines the gains are over, or that none ran;
+then the gain table and the tables of every model) and ``comparison.png`` (needle heatmaps of the first and last
+model, needle accuracy vs length of every model, perplexity vs length, the training loss, the RULER tasks' mean vs
+length of every model, the gain per task vs length).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections import defaultdict
 
 from easy_context import cli
 from easy_context.eval.extension import training_summary
+from easy_context.eval.gain import gains, headline, is_trained, training_free
 from easy_context.eval.results import read_csv, write_json
 
 
@@ -70,6 +75,7 @@ def model_summary(folder: str, base_length: int) -> tuple[dict, list[dict]]:
     ppl = _read(os.path.join(folder, "ppl.csv"), ("tokens", "ppl"))
     short = _read(os.path.join(folder, "ppl_short.csv"), ("tokens", "ppl", "scored_tokens"))
     prompts = os.path.join(folder, "prompts.json")
+    ruler = os.path.join(folder, "ruler", "results.json")
     long = {}
     for entry in sorted(e for e in os.listdir(folder) if e.startswith("long_")):
         rows = _read(os.path.join(folder, entry, "results.csv"), ("length", "depth", "correct"))
@@ -82,8 +88,17 @@ def model_summary(folder: str, base_length: int) -> tuple[dict, list[dict]]:
         "ppl_short": {int(r["tokens"]): round(float(r["ppl"]), 3) for r in short} if short else None,
         "prompts": json.load(open(prompts, encoding="utf-8")) if os.path.isfile(prompts) else None,
         "needle_long": long or None,
+        "ruler": ruler_scores(ruler) if os.path.isfile(ruler) else None,
     }
     return out, needle
+
+
+def ruler_scores(path: str) -> dict:
+    """The scores per task and length (and the prompts a cell) of one eval_ruler.py results.json."""
+    with open(path, encoding="utf-8") as f:
+        ruler = json.load(f)
+    return {key: {task: {int(n): v for n, v in row.items()} for task, row in (ruler.get(key) or {}).items()}
+            for key in ("scores", "samples")}  # fmt: skip
 
 
 def scaling_label(folder: str) -> str:
@@ -101,11 +116,64 @@ def _fmt(value, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def _signed(value) -> str:
+    return "—" if value is None else f"{value:+.2f}"
+
+
+def gain_markdown(rows: list[dict], baselines: int) -> list[str]:
+    """The gain table: per extended model, task and length, its score, the best training-free baseline's (with how
+    many of the ``baselines`` scored the cell, where not all did), the gain."""
+    if not rows:
+        return []
+    lines = ["Gain over the best training-free baseline (the same prompts; best = the highest baseline score in the "
+             "cell):", "", "| task | length | model | score | best training-free baseline | its score | gain |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        ran = f" ({r['baselines_scored']} of {baselines} ran)" if r["baselines_scored"] < baselines else ""
+        best = f"{r['best_baseline'] or '—'}{ran} | {_fmt(r['best_baseline_score'])}"
+        lines.append(f"| {r['task']} | {_k(r['length'])} | {r['model']} | {_fmt(r['score'])} | {best} | "
+                     f"{_signed(r['gain'])} |")  # fmt: skip
+    return [*lines, ""]
+
+
+def ruler_markdown(models: dict) -> list[str]:
+    """The RULER tasks of every model: one row per task and model, a column per length."""
+    runs = {name: m["ruler"] for name, m in models.items() if m.get("ruler")}
+    if not runs:
+        return []
+    lengths = sorted({n for r in runs.values() for row in r["scores"].values() for n in row})
+    tasks = list(dict.fromkeys(t for r in runs.values() for t in r["scores"]))
+    prompts = sorted({c for r in runs.values() for row in r["samples"].values() for c in row.values()})
+    cell = f", {'/'.join(map(str, prompts))} prompt{'s' if prompts != [1] else ''} a cell" if prompts else ""
+    lines = [
+        "",
+        f"RULER tasks (answers generated{cell}):",
+        "",
+        "| task | model | " + " | ".join(map(_k, lengths)) + " |",
+        "| --- | --- |" + " --- |" * len(lengths),
+    ]
+    for task in tasks:
+        for name, r in runs.items():
+            if task in r["scores"]:
+                row = r["scores"][task]
+                lines.append(f"| {task} | {name} | " + " | ".join(_fmt(row.get(n)) for n in lengths) + " |")
+    return lines
+
+
 def markdown(summary: dict, base_length: int) -> str:
-    """The tables of ``summary`` as markdown: needle by length, perplexity, distractors, prompts."""
+    """The tables of ``summary`` as markdown: the first line (which baselines), the gain over the best of them, needle
+    by length, perplexity, distractors, RULER tasks, prompts."""
     models = summary["models"]
     lengths = sorted({n for m in models.values() if m["needle"] for n in m["needle"]["by_length"]})
-    lines = ["| model | " + " / ".join(map(_k, lengths)) + f" | mean > {_k(base_length)} |"
+    kinds = ", ".join(f"{name} ({'trained' if is_trained(name) else 'training-free'})" for name in models)
+    lines = [
+        headline(models),
+        "",
+        f"Models: {kinds}.",
+        "",
+        *gain_markdown(summary["gain_over_best_baseline"], len(training_free(models))),
+    ]
+    lines += ["| model | " + " / ".join(map(_k, lengths)) + f" | mean > {_k(base_length)} |"
              + " worst cell | ppl short | ppl " + " / ".join(map(_k, _ppl_lengths(models))) + " |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, m in models.items():
@@ -125,6 +193,7 @@ def markdown(summary: dict, base_length: int) -> str:
             mean = statistics.fmean(v for v in nd["by_length"].values() if v is not None)
             lines.append(f"| {name} | " + " / ".join(_fmt(nd["by_length"].get(n)) for n in lengths)
                          + f" | {mean:.2f} |")  # fmt: skip
+    lines += ruler_markdown(models)
     beyond = [(name, label, nd) for name, m in models.items() for label, nd in (m.get("needle_long") or {}).items()]
     if beyond:
         far = sorted({n for _, _, nd in beyond for n in nd["by_length"]})
@@ -157,14 +226,17 @@ def _ppl_lengths(models: dict) -> list[int]:
 
 
 def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, float]], base_length: int,
-           path: str, after: str | None = None, stage_starts: list[int] | None = None) -> str:  # fmt: skip
+           path: str, after: str | None = None, stage_starts: list[int] | None = None,
+           gain_rows: list[dict] | None = None) -> str:  # fmt: skip
     """Heatmaps of the first model with needle rows and of ``after`` (default: the last), needle accuracy vs length
     of all, perplexity vs length of all, the training loss (each logged step and a running mean of 5; a dotted line
-    where each stage after the first starts, ``stage_starts``); returns ``path``."""
+    where each stage after the first starts, ``stage_starts``), the RULER tasks' mean vs length of all, the gain over
+    the best training-free baseline per task vs length (``gain_rows``: :func:`easy_context.eval.gain.gains`);
+    returns ``path``."""
     from easy_context.eval import plots
 
     plt = plots.plt
-    fig, axes = plt.subplots(2, 3, figsize=(20, 10))
+    fig, axes = plt.subplots(3, 3, figsize=(20, 15))
     with_rows = [k for k in models if needles.get(k)]
     shown = [with_rows[0], after if after in with_rows else with_rows[-1]] if with_rows else []
     for ax, name in zip(axes[0][:2], shown):
@@ -210,8 +282,45 @@ def figure(models: dict, needles: dict[str, list[dict]], loss: list[tuple[int, f
     ax.set(xlabel="step (all stages)" if stage_starts else "step", ylabel="training loss (token mean)",
            title="Extension: training loss")  # fmt: skip
     ax.grid(True, alpha=0.3)
+    _ruler_axes(axes[2][0], models)
+    _gain_axes(axes[2][1], gain_rows or [])
+    axes[2][2].axis("off")
     fig.tight_layout()
     return plots._save(fig, path)
+
+
+def _ruler_axes(ax, models: dict) -> None:
+    """The mean over the RULER tasks per length of every model (training-free ones dashed)."""
+    for name, m in models.items():
+        scores = (m.get("ruler") or {}).get("scores")
+        if scores:
+            lengths = sorted({n for row in scores.values() for n in row})
+            mean = [statistics.fmean(row[n] for row in scores.values() if n in row) for n in lengths]
+            ax.plot(lengths, mean, marker="o", linestyle="-" if is_trained(name) else "--", label=name)
+    ax.set(xlabel="Context length (tokens)", ylabel="mean score", ylim=(-0.03, 1.03),
+           title="RULER tasks (mean over the tasks run)")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+        ax.legend()
+
+
+def _gain_axes(ax, rows: list[dict]) -> None:
+    """Each extended model's gain over the best training-free baseline per task vs length (cells without one left
+    out)."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        if r["gain"] is not None:
+            series[r["task"] if r["model"] == "extended" else f"{r['model']}: {r['task']}"].append(
+                (r["length"], r["gain"])
+            )
+    for label, points in series.items():
+        ax.plot([n for n, _ in points], [g for _, g in points], marker="o", label=label)
+    ax.axhline(0, color="black", linewidth=1)
+    ax.set(xlabel="Context length (tokens)", ylabel="score - best training-free baseline", ylim=(-1.03, 1.03),
+           title="Gain of training over the best training-free baseline")  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    if series:
+        ax.legend(fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not os.path.isdir(folder):
             p.error(f"--model {item}: expected NAME=DIR with an existing folder")
         models[name], needles[name] = model_summary(folder, args.base_length)
-    summary = {"base_length": args.base_length, "target_length": args.target_length, "models": models}
+    summary = {
+        "base_length": args.base_length,
+        "target_length": args.target_length,
+        "models": models,
+        "training_free_baselines": training_free(models),
+        "gain_over_best_baseline": gains(models),
+    }
     loss: list[tuple[int, float]] = []
     stages, starts, offset = {}, [], 0
     for folder in args.train_metrics or []:
@@ -255,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.after is not None and args.after not in models:
         p.error(f"--after {args.after}: not one of the --model names ({', '.join(models)})")
     figure(models, needles, loss, args.base_length, os.path.join(args.output, "comparison.png"), after=args.after,
-           stage_starts=starts)  # fmt: skip
+           stage_starts=starts, gain_rows=summary["gain_over_best_baseline"])  # fmt: skip
     print(f"wrote {args.output}/summary.json, summary.md, comparison.png ({len(models)} models)")
     return 0
 

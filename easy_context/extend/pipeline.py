@@ -110,10 +110,10 @@ class Pipeline:
     # --- evaluations -------------------------------------------------------------------------------------------
 
     def evaluate(self, name: str, model: str) -> bool:
-        """Needle, perplexity (short windows and by length) and the needle with 3 distractors (DISTRACTOR_SAMPLES) of
-        ``model`` into WORK/eval/NAME, and for the base and the extended models the fixed prompts; skipped when its
-        ``done`` marker is there, marked done only when every part succeeded (each part runs only after the previous
-        one did)."""
+        """Needle, the needle with 3 distractors (DISTRACTOR_SAMPLES; 0: none), perplexity (short windows and by
+        length) of ``model`` into WORK/eval/NAME (the same prompts for every model), and for the base and the extended
+        models the fixed prompts; skipped when its ``done`` marker is there, marked done only when every part succeeded
+        (each part runs only after the previous one did)."""
         out = self.path("eval", name)
         flags = baseline_args(name, self.s)
         if os.path.isfile(os.path.join(out, "done")):
@@ -127,16 +127,15 @@ class Pipeline:
         steps = [
             (f"needle_{name}", [self.py, "eval_needle.py", "--model", model, *flags, *kernel, *needle, "--num_samples",
                                 s.samples, "--output-dir", f"{out}/needle"]),
+            *([(f"needle3_{name}", [self.py, "eval_needle.py", "--model", model, *flags, *kernel, *needle,
+                                    "--num_samples", s.distractor_samples, "--num_distractor", "3", "--output-dir",
+                                    f"{out}/needle3"])] if int(s.distractor_samples) > 0 else []),
             (f"ppl_short_{name}", [self.py, "eval_ppl.py", "-m", model, *flags, *kernel, "--min-tokens", s.short,
                                    "--max-tokens", s.short, "--sliding-window", s.short, *ppl_samples, "--output",
                                    f"{out}/ppl_short.csv"]),
             (f"ppl_{name}", [self.py, "eval_ppl.py", "-m", model, *flags, *kernel, "--min-tokens", s.short,
                              "--max-tokens", s.ppl_max, "--truncate", *ppl_samples, "--output", f"{out}/ppl.csv"]),
         ]  # fmt: skip
-        if int(s.distractor_samples) > 0:  # every model on the same prompts: distractors separate training from scaling
-            steps.append((f"needle3_{name}", [self.py, "eval_needle.py", "--model", model, *flags, *kernel, *needle,
-                                              "--num_samples", s.distractor_samples, "--num_distractor", "3",
-                                              "--output-dir", f"{out}/needle3"]))  # fmt: skip
         if name == "base" or name.startswith("extended"):
             steps.append((f"prompts_{name}", [self.py, "-m", "easy_context.eval.fixed_prompts", "--model", model,
                                               "--output", f"{out}/prompts.json"]))  # fmt: skip
@@ -147,8 +146,9 @@ class Pipeline:
         return True
 
     def ruler(self, name: str, model: str, longest: int) -> None:
-        """RULER's tasks into WORK/eval/NAME/ruler up to ``longest``; the base's results (when there) give every other
-        model's threshold of its effective length."""
+        """RULER_TASKS (default the separating subset) into WORK/eval/NAME/ruler up to ``longest``, the same prompts
+        for every model; the base's results (when there) give every other model's threshold of its effective
+        length."""
         out = self.path("eval", name, "ruler")
         if not self.s.ruler:
             return
@@ -159,18 +159,32 @@ class Pipeline:
         base_results = self.path("eval", "base", "ruler", "results.json")
         threshold = ["--threshold_from", base_results] if name != "base" and os.path.isfile(base_results) else []
         self.run_stage(f"ruler_{name}", [
-            self.py, "eval_ruler.py", "--model", model, *flags, "--kernel", self.eval_kernel, "--lengths",
+            self.py, "eval_ruler.py", "--model", model, *flags, "--kernel", self.eval_kernel, "--tasks",
+            self.s.ruler_tasks, "--lengths",
             self.s.ruler_lengths_to(longest), "--num_samples", self.s.ruler_samples, "--max_new_tokens",
             self.s.ruler_max_new, "--haystack_dir", "PaulGrahamEssays", "--native_length", self.s.ruler_native,
             *threshold, "--output-dir", out])  # fmt: skip
+
+    def before(self, baselines: Sequence[str]) -> None:
+        """Each baseline's evaluations, the base's needle beyond the trained length with YaRN at the full factor
+        (LONG / BASE_LENGTH: next to the extended model's there), then each scaled baseline's RULER."""
+        for name in baselines:
+            self.evaluate(name, self.s.model)
+        if "base" in baselines and self.s.long:
+            self.long_needle("base", self.s.model, [self.s.long_base_scaling()])
+        self.after_base_ruler()
+        for name in baselines:
+            if name != "base":
+                self.ruler(name, self.s.model, self.s.target)
 
     def after_base_ruler(self) -> None:
         """Until the base's RULER (the others' threshold) has ended."""
         self.background.wait([self.ruler_base])
 
-    def long_needle(self, name: str, model: str) -> None:
-        """The needle from LONG_MIN to LONG, beyond the trained length, as is and with each of LONG_SCALINGS."""
-        for scaling in self.s.long_scaling_list():
+    def long_needle(self, name: str, model: str, scalings: Sequence[str] | None = None) -> None:
+        """The needle from LONG_MIN to LONG, beyond the trained length, with each of ``scalings`` (default
+        LONG_SCALINGS: as is and YaRN over the trained length); ``none``: as is."""
+        for scaling in self.s.long_scaling_list() if scalings is None else scalings:
             tag = scaling.replace(":", "_")
             out = self.path("eval", name, f"long_{tag}")
             if os.path.isfile(os.path.join(out, "results.csv")):
@@ -318,7 +332,13 @@ class Pipeline:
         self.wait_data(s.base_length)
         self.train_run("control", s.base_length, s.target // s.base_length, s.model, s.control_step_count())
         if self.trained("control"):
-            self.background.start(lambda: self.evaluate("control", self.path("control")), "eval control")
+
+            def evaluations() -> None:
+                self.evaluate("control", self.path("control"))
+                self.after_base_ruler()
+                self.ruler("control", self.path("control"), s.target)
+
+            self.background.start(evaluations, "eval control")
 
     def second_stage(self) -> None:
         """TARGET2: a second stage resumed from the extended model, its needle beyond TARGET and RULER, evaluated."""
@@ -393,9 +413,9 @@ class Pipeline:
         self.pick_kernel()
         # before: each baseline's evaluations beside the data and the training
         baselines = [] if s.only == "train" else s.baselines
-        before = self.background.start(lambda: [self.evaluate(b, s.model) for b in baselines], "before")
         if s.only != "train" and ("base" in s.baselines or s.train):
             self.ruler_base = self.background.start(lambda: self.ruler("base", s.model, s.target), "ruler base")
+        before = self.background.start(lambda: self.before(baselines), "before")
         if s.only == "before":
             self.background.wait([before, self.ruler_base])
             self.log(f"extend {s.name}: before-evals done")

@@ -16,9 +16,13 @@ from typing import Any
 
 from easy_context.extend.recipe import BASELINES
 from easy_context.launch_configs import ZERO3_OFFLOADS
+from easy_context.tasks.ruler.builders import TASKS
 from easy_context.training import recipe as recipe_io
 
 DEFAULT_BASELINES = "base rope_theta dynamic_ntk yarn"
+# RULER's tasks that separate training from free RoPE scaling, run for every model by default (docs/extension.md):
+# multi-key needle with distractor needles, multi-value, variable tracking (multi-hop), frequent words (aggregation)
+SEPARATING_TASKS = "niah_multikey_1,niah_multivalue,vt,fwe"
 ONLY = ("", "before", "train")  # ONLY=before: the before-evaluations alone; ONLY=train: the model, data, training
 
 
@@ -128,6 +132,7 @@ class Settings:
     ruler_max_new: str
     ruler_lengths: str
     ruler_native: str
+    ruler_tasks: str
     kernel_fallback: str
     kernel: str
     eval_kernel: str
@@ -192,6 +197,11 @@ class Settings:
     def long_scaling_list(self) -> list[str]:
         """The beyond-length needle's scalings: LONG_SCALINGS, else as is and YaRN over the trained length."""
         return (self.long_scalings or f"none yarn:{int(self.long) // self.target}:{self.target}").split()
+
+    def long_base_scaling(self) -> str:
+        """The base's scaling for the needle beyond the trained length: YaRN at the full factor, LONG / BASE_LENGTH
+        (the training-free route to the same lengths)."""
+        return f"yarn:{int(self.long) // self.base_length}:{self.base_length}"
 
 
 def baseline_args(name: str, settings: Settings) -> list[str]:
@@ -291,6 +301,7 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         ruler_max_new=v.get("RULER_MAX_NEW", "64"),
         ruler_lengths=v.get("RULER_LENGTHS"),
         ruler_native=v.get("RULER_NATIVE", str(base_length)),
+        ruler_tasks=v.get("RULER_TASKS", SEPARATING_TASKS),
         kernel_fallback=v.get("KERNEL_FALLBACK", "cudnn"),
         kernel=v.get("KERNEL"),
         eval_kernel=v.get("EVAL_KERNEL"),
@@ -316,4 +327,8 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         baseline_args(baseline, settings)  # an unknown name stops here, before any stage runs
     if settings.long:
         Values({}, {"LONG": settings.long}).integer("LONG")
+    unknown = [t for t in settings.ruler_tasks.split(",") if t.strip() not in (*TASKS, "all")]
+    if unknown:
+        raise SettingsError(f"{recipe_path}: RULER_TASKS (pipeline.ruler_tasks): unknown task(s) {unknown}; give "
+                            f"comma-separated names of {', '.join(TASKS)}, or all")  # fmt: skip
     return settings

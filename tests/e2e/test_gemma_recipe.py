@@ -202,10 +202,12 @@ def test_micro_pipeline_end_to_end(tmp_path):
     """Every stage of the program on the Gemma recipe's miniature (its ``micro:`` values: a tiny Gemma 3 of the real
     layer pattern, 5 sliding-window layers + 1 global, two RoPE bases, 4 query / 1 KV heads), 2 processes under
     Ulysses: model, data, the before-evaluations (base, YaRN) beside the training, the 512-token stage (the recipe's
-    attn checkpointing), the 1024-token stage from its model (attn-global), the after-evaluations, the needle beyond,
-    the summary. The extended model's global layers carry the recipe's base, its sliding ones keep theirs."""
+    attn checkpointing), the 1024-token stage from its model (attn-global), the after-evaluations, RULER's separating
+    tasks for every model, the needle beyond (the base with YaRN at the full factor beside the extended model), the
+    summary with the baselines and the gain over the best of them. The extended model's global layers carry the
+    recipe's base, its sliding ones keep theirs."""
     env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "NPROC": "2", "PARALLEL_MODE": "ulysses_attn",
-           "BASELINES": "base yarn", "WORK": str(tmp_path / "w"), "PY": zygote.python(), "RULER": "0",
+           "BASELINES": "base yarn", "WORK": str(tmp_path / "w"), "PY": zygote.python(),
            "NEEDLE_STEP": "768", "PPL_SAMPLES": "2"}  # fmt: skip  # needles at 256 and 1024: every stage, fewer prompts
     res = run_job(["bash", "train_scripts/extend.sh", "train_scripts/gemma3_256k.yaml"], cwd=ROOT, env=env,
                   timeout=900)  # fmt: skip
@@ -215,7 +217,8 @@ def test_micro_pipeline_end_to_end(tmp_path):
     assert all(rc == "0" for rc in stages.values()), stages
     assert {"model", "data_512", "data_1024", "needle_base", "ppl_base", "needle3_base", "prompts_base", "needle_yarn",
             "stage1_512", "extended", "needle_extended", "ppl_extended", "needle3_extended", "prompts_extended",
-            "needle_long_extended_none", "needle_long_extended_yarn_2_1024", "summary"} <= set(stages)  # fmt: skip
+            "needle_long_extended_none", "needle_long_extended_yarn_2_1024", "summary", "needle3_yarn",
+            "needle_long_base_yarn_8_256", "ruler_base", "ruler_yarn", "ruler_extended"} <= set(stages)  # fmt: skip
     for name, seq, checkpointing in (("stage1_512", 512, "attn"), ("extended", 1024, "attn-global")):
         record = json.loads((work / name / "run_config.json").read_text())
         assert record["launch"]["processes"] == 2 and record["args"]["parallel_mode"] == "ulysses_attn"
@@ -228,5 +231,35 @@ def test_micro_pipeline_end_to_end(tmp_path):
     assert {"base", "yarn", "extended"} <= set(summary["models"])
     assert list(summary["training_stages"]) == ["stage1_512", "extended"]
     assert summary["training_stages"]["stage1_512"]["tokens"] == 3 * 512 and summary["training"]["steps"] == 4
+    assert summary["training_free_baselines"] == ["base", "yarn"]
+    separating = ("niah_multikey_1", "niah_multivalue", "vt", "fwe")
+    cells = {(r["task"], r["length"]): r for r in summary["gain_over_best_baseline"] if r["model"] == "extended"}
+    expected = {*((t, n) for t in separating for n in (512, 1024)), ("needle", 256), ("needle", 1024),
+                ("needle, 3 distractors", 1024), ("needle beyond (yarn:2:1024)", 2048)}  # fmt: skip
+    assert expected <= set(cells)
+    for task, length in expected:  # the gain against the baselines' own scores in the same summary
+        row, models = cells[(task, length)], summary["models"]
+        if task in separating:
+            free = {m: models[m]["ruler"]["scores"][task][str(length)] for m in ("base", "yarn")}
+            score = models["extended"]["ruler"]["scores"][task][str(length)]
+        elif task.startswith("needle beyond"):
+            free = {"base (yarn:8:256)": models["base"]["needle_long"]["yarn:8:256"]["by_length"][str(length)]}
+            score = models["extended"]["needle_long"]["yarn:2:1024"]["by_length"][str(length)]
+        else:
+            key = "needle" if task == "needle" else "needle_3_distractors"
+            free = {m: models[m][key]["by_length"][str(length)] for m in ("base", "yarn")}
+            score = models["extended"][key]["by_length"][str(length)]
+        assert row["best_baseline_score"] == pytest.approx(max(free.values())) and row["best_baseline"] in free
+        assert row["gain"] == pytest.approx(score - max(free.values()), abs=1e-4)
+    md = (results / "summary.md").read_text()
+    lines = md.splitlines()
+    assert lines[0] == "# Gain of training over the best of 2 training-free baselines on the same prompts (base, yarn)"
+    assert "| task | length | model | score | best training-free baseline | its score | gain |" in lines
+    assert any(line.startswith("| base | ") for line in lines) and any(line.startswith("| yarn | ") for line in lines)
+    for task in separating:
+        assert any(line.startswith(f"| {task} | 1K | extended | ") and line.endswith(" |") for line in lines)
+        assert all(any(line.startswith(f"| {task} | {m} | ") for line in lines) for m in ("base", "yarn", "extended"))
+    assert any(line.startswith("| needle beyond (yarn:2:1024) | 2K | extended |") and "| base (yarn:8:256)" in line
+               for line in lines)  # fmt: skip
     assert (results / "comparison.png").stat().st_size > 10_000 and (results / "logs.tgz").is_file()
     assert "extend gemma3_256k: done" in res.stdout

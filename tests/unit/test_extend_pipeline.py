@@ -154,6 +154,35 @@ def test_before_evaluations_run_beside_the_training(fake):
     assert before and any(e["t0"] < t["t1"] and t["t0"] < e["t1"] for e in before for t in training)
 
 
+def test_every_model_runs_the_separating_tasks_and_the_base_the_needle_beyond_at_the_full_factor(fake):
+    """The same prompt sets for every model: RULER's separating subset and the needle with distractors for the base,
+    each baseline (with its scaling), the control and the extended model; beyond the trained length the base with
+    YaRN at LONG / BASE_LENGTH next to the extended model's scalings."""
+    calls = [c["argv"] for c in fake(RULER="1", LONG="128", CONTROL="1")]
+
+    def out(argv: list[str]) -> str:
+        return argv[argv.index("--output-dir") + 1]
+
+    def scaling(argv: list[str]) -> str | None:
+        return argv[argv.index("--rope_scaling") + 1] if "--rope_scaling" in argv else None
+
+    rulers = {out(a): a for a in calls if a[:1] == ["eval_ruler.py"]}
+    assert set(rulers) == {f"w/eval/{m}/ruler" for m in ("base", "yarn", "control", "extended")}
+    for argv in rulers.values():
+        assert argv[argv.index("--tasks") + 1] == "niah_multikey_1,niah_multivalue,vt,fwe"
+        assert argv[argv.index("--lengths") + 1] == "16,32,64"
+    assert scaling(rulers["w/eval/yarn/ruler"]) == "yarn:2:32" and scaling(rulers["w/eval/base/ruler"]) is None
+    needles = {out(a): scaling(a) for a in calls if a[:1] == ["eval_needle.py"]}
+    assert {f"w/eval/{m}/needle3" for m in ("base", "yarn", "control", "extended")} <= set(needles)
+    assert needles["w/eval/yarn/needle3"] == "yarn:2:32"
+    beyond = {k: v for k, v in needles.items() if "/long_" in k}
+    assert beyond == {"w/eval/base/long_yarn_4_32": "yarn:4:32", "w/eval/extended/long_none": None,
+                      "w/eval/extended/long_yarn_2_64": "yarn:2:64"}  # fmt: skip
+    assert resolve("r.yaml", {"RULER_TASKS": "all"}).ruler_tasks == "all"
+    with pytest.raises(SettingsError, match=r"RULER_TASKS.*unknown task\(s\) \['vtt'\]"):
+        resolve("r.yaml", {"RULER_TASKS": "vt,vtt"})
+
+
 def test_a_failed_stage_is_recorded_and_the_independent_ones_still_run(fake, tmp_path):
     calls = fake(FAKE_FAIL="w/eval/yarn/needle")
     tsv = stages_tsv(tmp_path)
