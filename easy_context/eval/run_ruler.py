@@ -384,7 +384,7 @@ def main(argv=None) -> None:
     cells = [(task, n, s) for n in args.lengths for task in tasks for s in range(args.num_samples)]
     mine = runtime.my_share(len(cells))
     warned: set[int] = set()
-    rows, start = [], time.time()
+    rows, began = [], time.time()
     os.makedirs(args.output_dir, exist_ok=True)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     partial = os.path.join(args.output_dir, f"rows.rank{rank}.jsonl")  # each row as it lands (for a cut run)
@@ -462,7 +462,7 @@ def main(argv=None) -> None:
             "generation_budget": budgets,
             "generation_note": budget_note,
             "prompts": len(rows),
-            "seconds": round(time.time() - start, 1),
+            "seconds": round(time.time() - began, 1),
             "args": vars(args),
             "rows": rows,
         }

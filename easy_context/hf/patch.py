@@ -282,7 +282,11 @@ def _patch_post_init() -> None:
         # numbers either way); under SP every model of the type is switched: another attention would compute each
         # rank's shard alone (EasyContext's scripts load with attn_implementation="flash_attention_2", then patch)
         if requested is None or str(requested).startswith("easy_context_") or get_seq_algo(patch[0]).distributed:
+            shared = self.config
             _switch(self, patch[0], patch[1])
+            # transformers wrote its default attention into the config it was given; the next model built from that
+            # config must see what was asked of it (nothing), not this model's default, to be switched as well
+            shared._attn_implementation_internal = requested
 
     PreTrainedModel.__init__ = __init__
     PreTrainedModel.post_init = post_init

@@ -37,11 +37,12 @@ class IdTokenizer:
         return 5000
 
     def __call__(self, texts, add_special_tokens=False, **kwargs):
+        """No BOS: any text not of the ``"ID LENGTH"`` form (the start-ids probe) is no tokens."""
         ids = []
-        for text in texts:
-            doc, length = map(int, text.split())
+        for text in [texts] if isinstance(texts, str) else texts:
+            doc, length = map(int, text.split()) if text.replace(" ", "").isdigit() else (0, 0)
             ids.append([doc + 3] * length)
-        return {"input_ids": ids}
+        return {"input_ids": ids[0] if isinstance(texts, str) else ids}
 
 
 def id_documents(count: int, seed: int = 0, long_every: int = 7) -> list[str]:

@@ -165,16 +165,23 @@ def test_evaluations_attend_through_the_training_kernel(tmp_path):
 
 
 def test_extend_launches_n_processes_with_the_chosen_backend_and_the_control(tmp_path):
-    calls = extend_commands(tmp_path, "gemma3_256k.yaml", NPROC="8", PARALLEL_MODE="ulysses_attn", CONTROL="1",
+    calls = extend_commands(tmp_path, "gemma3_256k.yaml", NPROC="4", PARALLEL_MODE="ulysses_attn", CONTROL="1",
                             BASELINES="base")  # fmt: skip
     stages = train_calls(calls)
     assert [a.seq_length for _, a in stages] == [131072, 262144, 32768]
     for prefix, args in stages:
-        assert prefix[:2] == ["-m", "easy_context.launch"] and prefix[prefix.index("--num_processes") + 1] == "8"
+        assert prefix[:2] == ["-m", "easy_context.launch"] and prefix[prefix.index("--num_processes") + 1] == "4"
         assert args.parallel_mode == "ulysses_attn"
     control = stages[-1][1]  # the 256K stage's recipe at 32K from the base model, 8 rows a step, both stages' tokens
     assert control.model.endswith("/base") and control.gradient_accumulate_every == 8
     assert control.max_train_steps == (60 * 131072 + 40 * 262144) // 262144
+    # Gemma's 4 query heads do not split 8 ways: refused before any stage, in one line naming the fix
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    res = subprocess.run(["bash", "train_scripts/extend.sh", "train_scripts/gemma3_256k.yaml"], cwd=ROOT,
+                         env={**env, "NPROC": "8", "PARALLEL_MODE": "ulysses_attn", "WORK": str(tmp_path / "r")},
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2 and "4 query heads are not divisible by the Ulysses degree 8" in res.stderr
+    assert res.stderr.count("\n") == 1 and not (tmp_path / "r" / "results").exists()
     zigzag = train_calls(extend_commands(tmp_path / "z", "gemma3_256k.yaml", NPROC="2", TRAIN="0", CONTROL="1"))
     assert [(a.seq_length, a.parallel_mode) for _, a in zigzag] == [(32768, "zigzag_ring_attn")]  # TRAIN=0: control
 

@@ -181,8 +181,8 @@ def test_use_cache_asked_for_returns_transformers_cache(model_type):
     cache = getattr(out, "cache", None) or out.past_key_values
     want = getattr(reference, "cache", None) or reference.past_key_values
     assert cache is not None and cache.get_seq_length() == 9
-    for got_layer, want_layer in zip(cache.layers, want.layers):
-        torch.testing.assert_close(got_layer.keys, want_layer.keys, rtol=1e-6, atol=1e-6)
+    for got_layer, want_layer in zip(cache.layers, want.layers):  # past layer 0 the keys carry the attention's fp32
+        torch.testing.assert_close(got_layer.keys, want_layer.keys, rtol=1e-5, atol=1e-6)  # summation order
     torch.testing.assert_close(out.logits, reference.logits, rtol=1e-5, atol=1e-6)
     unasked = model(ids)
     assert (getattr(unasked, "cache", None) or unasked.past_key_values) is None
