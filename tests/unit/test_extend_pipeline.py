@@ -4,6 +4,7 @@ commands it is given with their start and end times instead of running them."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -181,6 +182,23 @@ def test_every_model_runs_the_separating_tasks_and_the_base_the_needle_beyond_at
     assert resolve("r.yaml", {"RULER_TASKS": "all"}).ruler_tasks == "all"
     with pytest.raises(SettingsError, match=r"RULER_TASKS.*unknown task\(s\) \['vtt'\]"):
         resolve("r.yaml", {"RULER_TASKS": "vt,vtt"})
+
+
+def test_distractor_samples_set_the_distractor_needle_of_every_model_and_zero_drops_it(fake, tmp_path):
+    """DISTRACTOR_SAMPLES: the distractor needle's samples, the same for every model; 0 runs none; a word is refused
+    in one line naming the setting."""
+
+    def distractors(calls) -> dict[str, str]:
+        return {a[a.index("--output-dir") + 1]: a[a.index("--num_samples") + 1] for a in calls
+                if a[:1] == ["eval_needle.py"] and "--num_distractor" in a}  # fmt: skip
+
+    three = distractors(c["argv"] for c in fake(DISTRACTOR_SAMPLES="3", BASELINES="base yarn"))
+    assert three == {"w/eval/base/needle3": "3", "w/eval/yarn/needle3": "3", "w/eval/extended/needle3": "3"}
+    shutil.rmtree(tmp_path / "w")  # a fresh run: its own work folder and record
+    (tmp_path / "record.jsonl").unlink()
+    assert distractors(c["argv"] for c in fake(DISTRACTOR_SAMPLES="0", BASELINES="base yarn")) == {}
+    with pytest.raises(SettingsError, match="DISTRACTOR_SAMPLES='two' is not a whole number"):
+        resolve("r.yaml", {"DISTRACTOR_SAMPLES": "two"})
 
 
 def test_a_failed_stage_is_recorded_and_the_independent_ones_still_run(fake, tmp_path):
