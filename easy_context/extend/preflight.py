@@ -12,16 +12,15 @@ from typing import Any
 from easy_context.extend.layout import LayoutError, PlanLayout, Run
 from easy_context.extend.settings import Settings, SettingsError
 
-TRAIN_DEFAULT_MODE = "zigzag_ring_attn"  # train.py's --parallel_mode default
-
 
 def recipe_layout(settings: Settings) -> PlanLayout:
     """How the pipeline launches train.py: PARALLEL_MODE (else the recipe's parallel_mode, else train.py's
     default) on NPROC processes, the recipe's sp-size and ring_degree."""
+    from easy_context.training.flags import DEFAULT_PARALLEL_MODE
     from easy_context.training.recipe import load_recipe
 
     flags = {str(k).replace("-", "_"): v for k, v in load_recipe(settings.recipe).items()}
-    mode = settings.parallel_mode or flags.get("parallel_mode") or TRAIN_DEFAULT_MODE
+    mode = settings.parallel_mode or flags.get("parallel_mode") or DEFAULT_PARALLEL_MODE
     options = {"ring_degree": flags["ring_degree"]} if flags.get("ring_degree") and mode == "usp_attn" else {}
     return PlanLayout(mode, settings.nproc, flags.get("sp_size"), options)
 

@@ -20,6 +20,8 @@ from easy_context.training import recipe
 from easy_context.training.optim import OPTIMIZERS
 from easy_context.training.watchdog import parse_step_timeout
 
+DEFAULT_PARALLEL_MODE = "zigzag_ring_attn"  # --parallel_mode when none is given
+
 TRACKERS = ["none", *(t.value for t in LoggerType)]  # every tracker accelerate knows ("all": those installed)
 
 
@@ -104,7 +106,7 @@ def build_parser(description: str | None = None) -> cli.ArgumentParser:
         help="override the RoPE base (default: the model's); Gemma 2/3 and other per-layer-type RoPE: the global "
              "layers' only, sliding-window layers keep theirs",
     )  # fmt: skip
-    add_backend_args(p, default="zigzag_ring_attn")  # --parallel_mode, each backend's options, --kernel
+    add_backend_args(p, default=DEFAULT_PARALLEL_MODE)  # --parallel_mode, each backend's options, --kernel
     p.add_argument("--sp-size", type=cli.positive_int, default=None, help="ranks per sequence (DP x SP); default all")
     p.add_argument("--balance-documents", action="store_true",
                    help="packed documents (--pack documents): reorder each row's whole documents so every ring step's "
