@@ -11,7 +11,8 @@
 # model (MODEL, FETCH, WHEELS), data, the evaluations before (BASELINES) beside the training, the recipe's stages and
 # the main one (TRAIN, STEPS, TRAIN_CHUNK_S: resumable device calls), the control (CONTROL), TARGET2, the evaluations
 # after (LONG*, RULER*, EVAL_PARTIAL; RULER_TASKS: default RULER's tasks that separate training from free scaling, for
-# every model), summary (the gain over the best training-free baseline). Each stage is skipped when its output is in
+# every model), STAGE_YARN (the last stage + YaRN to the target: the cheap trained route, on the same prompts), summary
+# (the gain over the best training-free baseline, and over STAGE_YARN's route). Each stage is skipped when its output is in
 # WORK, so the same command again continues. N GPUs: NPROC=N (PARALLEL_MODE); OPTIM: ddp, host_adamw or a ZeRO-3 placement (zero3,
 # zero3_offload_optimizer, zero3_offload). ONLY=before stops after the before-evaluations, ONLY=train after the
 # training stages. PY: the interpreter (default .venv/bin/python, else python3).

@@ -32,7 +32,7 @@ from collections import defaultdict
 
 from easy_context import cli
 from easy_context.eval.extension import training_summary
-from easy_context.eval.gain import gains, headline, is_trained, training_free
+from easy_context.eval.gain import SHORTER_ROUTE, gains, headline, is_trained, training_free
 from easy_context.eval.results import read_csv, write_json
 
 
@@ -120,13 +120,14 @@ def _signed(value) -> str:
     return "—" if value is None else f"{value:+.2f}"
 
 
-def gain_markdown(rows: list[dict], baselines: int) -> list[str]:
-    """The gain table: per extended model, task and length, its score, the best training-free baseline's (with how
-    many of the ``baselines`` scored the cell, where not all did), the gain."""
+def gain_markdown(rows: list[dict], baselines: int, title: str = "Gain over the best training-free baseline (the "
+                  "same prompts; best = the highest baseline score in the cell):",
+                  column: str = "best training-free baseline") -> list[str]:  # fmt: skip
+    """The gain table: per extended model, task and length, its score, the best compared model's (with how many of
+    the ``baselines`` scored the cell, where not all did), the gain."""
     if not rows:
         return []
-    lines = ["Gain over the best training-free baseline (the same prompts; best = the highest baseline score in the "
-             "cell):", "", "| task | length | model | score | best training-free baseline | its score | gain |",
+    lines = [title, "", f"| task | length | model | score | {column} | its score | gain |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
         ran = f" ({r['baselines_scored']} of {baselines} ran)" if r["baselines_scored"] < baselines else ""
@@ -165,13 +166,20 @@ def markdown(summary: dict, base_length: int) -> str:
     by length, perplexity, distractors, RULER tasks, prompts."""
     models = summary["models"]
     lengths = sorted({n for m in models.values() if m["needle"] for n in m["needle"]["by_length"]})
-    kinds = ", ".join(f"{name} ({'trained' if is_trained(name) else 'training-free'})" for name in models)
+    kinds = ", ".join(f"{name} ({_kind(name)})" for name in models)
     lines = [
         headline(models),
         "",
         f"Models: {kinds}.",
         "",
         *gain_markdown(summary["gain_over_best_baseline"], len(training_free(models))),
+        *gain_markdown(
+            summary.get("gain_over_shorter_route") or [],
+            1,
+            f"Gain over the shorter route ({SHORTER_ROUTE}: the last stage before the target, trained "
+            "shorter, with YaRN over the rest at inference; the same prompts):",
+            "shorter route",
+        ),
     ]
     lines += ["| model | " + " / ".join(map(_k, lengths)) + f" | mean > {_k(base_length)} |"
              + " worst cell | ppl short | ppl " + " / ".join(map(_k, _ppl_lengths(models))) + " |",
@@ -219,6 +227,12 @@ def markdown(summary: dict, base_length: int) -> str:
                   f"{t['train_seconds']:.0f} s, {t['tokens_per_s']:,.0f} tok/s, final loss {t['loss']}, "
                   f"peak {t['peak_mem_gib']} GiB" + (f", MFU {t['mfu']:.1%}" if "mfu" in t else "")]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _kind(name: str) -> str:
+    if is_trained(name):
+        return "trained"
+    return "trained shorter, YaRN to the target" if name == SHORTER_ROUTE else "training-free"
 
 
 def _ppl_lengths(models: dict) -> list[int]:
@@ -346,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         "training_free_baselines": training_free(models),
         "gain_over_best_baseline": gains(models),
     }
+    if SHORTER_ROUTE in models:
+        summary["gain_over_shorter_route"] = gains(models, against=[SHORTER_ROUTE])
     loss: list[tuple[int, float]] = []
     stages, starts, offset = {}, [], 0
     for folder in args.train_metrics or []:

@@ -1,8 +1,10 @@
 """The headline number of a context extension: each trained model's gain over the best training-free baseline, per
 task and length, on the same prompts.
 
-A model is *trained* when its name is ``control`` or starts with ``extended`` (the pipeline's names); every other
-evaluated model (``base``, ``rope_theta``, ``linear``, ``dynamic_ntk``, ``yarn``) is a training-free baseline. In a
+A model is *trained* when its name is ``control`` or starts with ``extended`` (the pipeline's names); the *shorter
+route* (``stage_yarn``: the last stage before the target, trained to a shorter length, with YaRN over the rest at
+inference) is the cheap trained alternative a user tries first, compared on its own; every other evaluated model
+(``base``, ``rope_theta``, ``linear``, ``dynamic_ntk``, ``yarn``) is a training-free baseline. In a
 cell (task, length) the best baseline is the one with the highest score there; the gain is the trained model's score
 minus that score (None where no baseline has the cell). Beyond the trained length the trained model's needle under
 each of its inference-time scalings is compared with the baselines' needle beyond it under theirs (the base with YaRN
@@ -12,6 +14,7 @@ at the full factor).
 from __future__ import annotations
 
 BEYOND = "needle beyond"
+SHORTER_ROUTE = "stage_yarn"
 
 
 def is_trained(name: str) -> bool:
@@ -20,8 +23,8 @@ def is_trained(name: str) -> bool:
 
 
 def training_free(names) -> list[str]:
-    """The training-free baselines among ``names``, in their order."""
-    return [n for n in names if not is_trained(n)]
+    """The training-free baselines among ``names``, in their order (not the trained models, not the shorter route)."""
+    return [n for n in names if not is_trained(n) and n != SHORTER_ROUTE]
 
 
 def task_scores(model: dict) -> dict[str, dict[int, float]]:
@@ -44,14 +47,15 @@ def _group(task: str) -> str:
     return BEYOND if task.startswith(BEYOND) else task
 
 
-def gains(models: dict[str, dict]) -> list[dict]:
+def gains(models: dict[str, dict], against: list[str] | None = None) -> list[dict]:
     """One row per trained model (``extended*``; not the control), task and length it was scored at: ``model``,
     ``task``, ``length``, ``score``, ``best_baseline`` (its name, with its scaling beyond the trained length),
     ``best_baseline_score``, ``gain`` (score - best; None without a baseline in the cell), rounded to 4 places, and
-    ``baselines_scored``: how many training-free models scored the cell (fewer than all: the best of those only)."""
+    ``baselines_scored``: how many of the compared models scored the cell (fewer than all: the best of those only).
+    ``against``: the models compared with (default: the training-free baselines)."""
     best: dict[tuple[str, int], tuple[float, str]] = {}
     scored: dict[tuple[str, int], set[str]] = {}
-    for name in training_free(models):
+    for name in training_free(models) if against is None else [n for n in against if n in models]:
         for task, row in task_scores(models[name]).items():
             label = name if _group(task) == task else f"{name} ({task[len(BEYOND) + 2 : -1]})"
             for length, score in row.items():
@@ -59,7 +63,9 @@ def gains(models: dict[str, dict]) -> list[dict]:
                 scored.setdefault(cell, set()).add(name)
                 if cell not in best or score > best[cell][0]:
                     best[cell] = (score, label)
-    rows = []
+    rows: list[dict] = []
+    if against is not None and not best:
+        return rows
     for name in (n for n in models if n.startswith("extended")):
         for task, row in task_scores(models[name]).items():
             for length, score in sorted(row.items()):

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from easy_context.eval.gain import SHORTER_ROUTE
 from easy_context.extend.preflight import preflight
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
 from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
@@ -28,7 +29,7 @@ from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE = "usage: bash train_scripts/extend.sh RECIPE.yaml [train.py flags]"
-SUMMARY_MODELS = ("base", "rope_theta", "linear", "dynamic_ntk", "yarn", "control", "extended")
+SUMMARY_MODELS = ("base", "rope_theta", "linear", "dynamic_ntk", "yarn", SHORTER_ROUTE, "control", "extended")
 
 # MICRO=1: a tiny random model of the recipe's architecture (MICRO_MODEL: a preset name or a JSON config) and a BPE
 # of the essays, run by PY with stdin as the program
@@ -325,6 +326,20 @@ class Pipeline:
         if self.s.long:
             self.background.start(lambda: self.long_needle("extended", ext), "long needle extended")
 
+    def shorter_route(self) -> None:
+        """STAGE_YARN: the last stage's model with YaRN to TARGET (the cheap route: train shorter, scale the rest)
+        on the extended model's prompts, once the training that shares the GPU has ended."""
+        if not (self.s.stage_yarn and self.stage_dirs):
+            return
+        model = self.stage_dirs[-1]
+
+        def evaluations() -> None:
+            self.evaluate(SHORTER_ROUTE, model)
+            self.after_base_ruler()
+            self.ruler(SHORTER_ROUTE, model, self.s.target)
+
+        self.background.start(evaluations, f"eval {SHORTER_ROUTE}")
+
     def control(self) -> None:
         """The main stage's recipe at BASE_LENGTH from the base model, TARGET/BASE_LENGTH rows a step, as many
         tokens as all stages."""
@@ -433,6 +448,7 @@ class Pipeline:
             return 0
         if self.trained("extended"):
             self.after_extended()
+        self.shorter_route()
         if s.control:
             self.control()
         self.second_stage()

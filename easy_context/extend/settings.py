@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from easy_context.eval.gain import SHORTER_ROUTE
 from easy_context.extend.recipe import BASELINES
 from easy_context.launch_configs import ZERO3_OFFLOADS
 from easy_context.tasks.ruler.builders import TASKS
@@ -146,6 +147,12 @@ class Settings:
     omp_num_threads: str
     optim: str = "ddp"  # the planner's optimizer placement (easy_context.plan's --optim)
     stages: list[Stage] = field(default_factory=list)
+    stage_yarn: bool = False  # the shorter route: the last stage's model, YaRN to TARGET, on the same prompts
+
+    def stage_yarn_scaling(self) -> str:
+        """The shorter route's scaling: YaRN from the last stage's length to TARGET."""
+        seq = self.stages[-1].seq
+        return f"yarn:{self.target // seq}:{seq}"
 
     @property
     def mixed(self) -> str:
@@ -208,6 +215,8 @@ def baseline_args(name: str, settings: Settings) -> list[str]:
     """The evaluation flags of a baseline (none for a trained model); SettingsError for an unknown name."""
     if name in ("base", "extended", "control") or name.startswith("extended_"):
         return []
+    if name == SHORTER_ROUTE:
+        return ["--rope_scaling", settings.stage_yarn_scaling()]
     flags = {
         "rope_theta": ["--rope_theta", settings.theta],
         "linear": ["--rope_scaling", f"linear:{settings.factor}"],
@@ -315,6 +324,7 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         omp_num_threads=v.get("OMP_NUM_THREADS", "2"),
         optim=v.get("OPTIM", "ddp"),
         stages=stages,
+        stage_yarn=v.get("STAGE_YARN") == "1",
     )
     optims = ("ddp", "host_adamw", *ZERO3_OFFLOADS)
     if settings.optim not in optims:
@@ -323,6 +333,11 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
     if settings.only not in ONLY:
         raise SettingsError(f"{recipe_path}: ONLY={settings.only!r}: give before (the before-evaluations), train (the "
                             "model, data and training stages) or nothing (every stage)")  # fmt: skip
+    if settings.stage_yarn and not any(stage.seq < target for stage in stages):
+        raise SettingsError(
+            f"{recipe_path}: STAGE_YARN (pipeline.stage_yarn) evaluates the last stage before the "
+            "target with YaRN; the recipe has no stage shorter than its target (drop it or add one)"
+        )
     for baseline in settings.baselines:
         baseline_args(baseline, settings)  # an unknown name stops here, before any stage runs
     if settings.long:

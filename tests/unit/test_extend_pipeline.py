@@ -336,3 +336,21 @@ def test_the_docs_commands_parse():
                 assert bool(args.recipe) != bool(args.model and args.to), line
                 parsed += 1
     assert parsed >= 5
+
+
+def test_stage_yarn_evaluates_the_last_stage_with_yarn_to_the_target_after_the_training(fake, tmp_path):
+    """STAGE_YARN=1: the last stage's model (48 tokens) is evaluated with YaRN x1 (64 // 48) over its own length on
+    the extended model's prompts, after every training run, and the summary is given it; a recipe without a stage
+    shorter than its target is refused in one line."""
+    calls = fake(STAGE_YARN="1")
+    route = [c for c in calls if "w/eval/stage_yarn/needle" in c["argv"]]
+    assert route and route[0]["argv"][route[0]["argv"].index("--model") + 1] == "w/stage1_48"
+    assert route[0]["argv"][route[0]["argv"].index("--rope_scaling") + 1] == "yarn:1:48"
+    last_train = max(c["t1"] for c in calls if "train.py" in c["argv"])
+    early = [c["argv"][:2] for c in calls if "eval/stage_yarn" in " ".join(c["argv"]) and c["t0"] < last_train]
+    assert not early, early
+    summary = next(c["argv"] for c in calls if "easy_context.eval.compare" in c["argv"])
+    assert any(a.startswith("stage_yarn=") and a.endswith("eval/stage_yarn") for a in summary)
+    (tmp_path / "flat.yaml").write_text(RECIPE.split("  stages:")[0])
+    with pytest.raises(SettingsError, match="STAGE_YARN"):
+        resolve("flat.yaml", {"STAGE_YARN": "1", "MODEL": "base"})

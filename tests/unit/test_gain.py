@@ -92,3 +92,30 @@ def test_the_summary_files_carry_the_baselines_and_the_gain(tmp_path):
     assert compare.main(["--model", f"extended={tmp_path / 'extended'}", "--base-length", "256", "--target-length",
                          "1024", "--output", str(alone)]) == 0  # fmt: skip
     assert (alone / "summary.md").read_text().startswith("# No training-free baseline was evaluated")
+
+
+def test_the_shorter_route_is_compared_on_its_own_not_as_a_training_free_baseline(tmp_path):
+    """STAGE_YARN's model (the last stage + YaRN to the target) is not a training-free baseline: the summary gives
+    the extended model's gain over it in a table and a JSON key of their own, computed by hand here."""
+    route = {"needle": needle({256: 1.0, 1024: 0.75}), "ruler": {"scores": {"vt": {"512": 0.5}}}}
+    models = {**MODELS, "stage_yarn": route}
+    assert training_free(models) == ["base", "yarn"]
+    assert gains(models) == gains(MODELS)  # the route changes no training-free gain
+    got = {(r["task"], r["length"]): (r["best_baseline"], r["gain"]) for r in gains(models, against=["stage_yarn"])}
+    assert got[("needle", 256)] == ("stage_yarn", pytest.approx(-0.2))
+    assert got[("needle", 1024)] == ("stage_yarn", pytest.approx(0.25))
+    assert got[("vt", 512)] == ("stage_yarn", pytest.approx(0.0))
+    assert got[("fwe", 512)] == (None, None)
+    assert gains(MODELS, against=["stage_yarn"]) == []  # not evaluated: no rows
+    for m, rows in (("base", {1024: [0, 0]}), ("stage_yarn", {1024: [1, 0, 1, 1]}), ("extended", {1024: [1, 1]})):
+        write_model(tmp_path / m, rows)
+    out = tmp_path / "results"
+    args = [a for m in ("base", "stage_yarn", "extended") for a in ("--model", f"{m}={tmp_path / m}")]
+    assert compare.main([*args, "--base-length", "256", "--target-length", "1024", "--output", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["training_free_baselines"] == ["base"]
+    (row,) = summary["gain_over_shorter_route"]
+    assert (row["best_baseline"], row["best_baseline_score"], row["gain"]) == ("stage_yarn", 0.75, 0.25)
+    md = (out / "summary.md").read_text()
+    assert "Gain over the shorter route" in md and "| needle | 1K | extended | 1.00 | stage_yarn | 0.75 | +0.25 |" in md
+    assert "stage_yarn (trained shorter, YaRN to the target)" in md
