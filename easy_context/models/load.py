@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from easy_context.models.config import set_rope_scaling, set_rope_theta
+from easy_context.models.config_compat import save_model
 from easy_context.models.gguf import is_gguf, load_gguf_config, load_gguf_model
 from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS
 from easy_context.models.source import SHAPE_PREFIX, is_config_only, is_hf_folder, is_random_init
@@ -117,7 +118,7 @@ def convert_gguf(name: str, out_dir: str, dtype: torch.dtype = torch.bfloat16, t
     temp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
     os.chmod(temp, 0o755)  # mkdtemp makes it private; the folder it becomes should not be
     try:
-        model.save_pretrained(temp)
+        save_model(model, temp)
         tok.save_pretrained(temp)
         if os.path.isdir(out_dir):  # force, or a folder without weights: replace what it holds, keep the rest
             for entry in os.listdir(temp):
