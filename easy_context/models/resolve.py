@@ -109,8 +109,8 @@ def model_config(spec: str | ModelRef, vocab_size: int | None = None, local_only
     """The config of any model name, without its weights: a preset's (vocabulary ``vocab_size``, else
     :data:`PRESET_VOCAB`), a shape's as published (``vocab_size`` overrides), a folder's or config.json's, a GGUF
     file's, a fetch name's (its folder once fetched, else the config shipped with the source), a hub id's from the
-    hub cache (``local_only=False``: downloaded when online), else its published shape. A name none of these
-    serve is a one-line ValueError that says what would."""
+    hub cache, else (``local_only``) its published shape; ``local_only=False`` (a loader): downloaded when online,
+    never a stand-in. A name none of these serve is a one-line ValueError that says what would."""
     from transformers import AutoConfig
 
     ref = spec if isinstance(spec, ModelRef) else resolve_model(spec)
@@ -134,12 +134,13 @@ def model_config(spec: str | ModelRef, vocab_size: int | None = None, local_only
     try:
         return AutoConfig.from_pretrained(ref.name, local_files_only=local_only)
     except (OSError, ValueError) as exc:
-        if ref.shape is not None:
+        if ref.shape is not None and local_only:  # a plan needs the shape only; a loader needs the real config
             return model_config(ModelRef(ref.spec, "shape", ref.shape), vocab_size)
         where = "the local hub cache" if local_only else "the hub"
+        cause = (str(exc).strip().splitlines() or [""])[0][:200]
         raise ValueError(f"unknown model {ref.spec!r}: no such local path, and not in {where} "
-                         f"({exc.__class__.__name__}); give a model folder or config.json, a GGUF file, or one of: "
-                         f"{known_names()}") from None  # fmt: skip
+                         f"({exc.__class__.__name__}: {cause}); give a model folder or config.json, a GGUF file, "
+                         f"or one of: {known_names()}") from None  # fmt: skip
 
 
 def fetch_hint(ref: ModelRef, flag: str = "--model") -> str:
