@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -43,6 +44,7 @@ def tf4_dir() -> Path:
     if (TF4 / "transformers").is_dir():
         return TF4
     temp = TF4.with_name(TF4.name + ".building")
+    shutil.rmtree(temp, ignore_errors=True)  # an interrupted build's
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(temp), "-r",
            str(ROOT / "requirements-tf4.txt")]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
