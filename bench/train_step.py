@@ -41,7 +41,9 @@ BASELINES = ("stock", "liger")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="shape:llama-2-7b", help="shape:<name>, a preset, or a local config dir")
+    p.add_argument("--model", default="shape:llama-2-7b",
+                   help="any name the other commands take (easy_context.models.resolve): shape:<name> or a published "
+                        "name, a preset, a config folder, a fetch name, a checkpoint")  # fmt: skip
     p.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets: 256)")
     p.add_argument("--seq", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     p.add_argument("--checkpointing", default="attn", help="easy_context.memory.CHECKPOINT_MODES")
@@ -248,6 +250,7 @@ def main(argv=None) -> None:
         emit(run_worker(args))
         return
     argv = list(sys.argv[1:] if argv is None else argv)
+    check_model(args.model)
     requested = args.loss
     if not args.baseline:  # once, here: every run and its row get the concrete loss
         argv = resolve_loss_flag(args, argv)
@@ -259,6 +262,17 @@ def main(argv=None) -> None:
             row["loss_requested"] = requested
         cmd = python_command(os.path.abspath(__file__), [*child, "--seq", str(seq), "--worker"])
         run_isolated(cmd, row, args.timeout, args.out)
+
+
+def check_model(name: str) -> None:
+    """Stop with the one line every command gives for a model name it cannot load (a fetch name not fetched, ...)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from easy_context.models.source import model_source_error
+
+    error = model_source_error(name)
+    if error:
+        sys.exit(f"error: {error}")
 
 
 def resolve_loss_flag(args, argv: list[str]) -> list[str]:

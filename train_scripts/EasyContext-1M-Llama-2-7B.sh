@@ -45,5 +45,6 @@ stage "$OUT/7B_0.5M_bs_1M_rope_100M_step_300_lr_2e-5"  7B_0.5M_bs_1M_rope_250M_s
     --learning-rate 1e-5 "$@"
 # EasyContext then set rope_theta to 1,000,000,000 in the final config.json for inference
 $PY -c "import sys; from transformers import AutoConfig; from easy_context.models import set_rope_theta
-c = AutoConfig.from_pretrained(sys.argv[1]); set_rope_theta(c, 1e9); c.save_pretrained(sys.argv[1])" \
+from easy_context.models.config_compat import save_model
+c = AutoConfig.from_pretrained(sys.argv[1]); set_rope_theta(c, 1e9); save_model(c, sys.argv[1])" \
     "$OUT/7B_0.5M_bs_1M_rope_250M_step_90_lr_2e-5"

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from easy_context import cli
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.tokenizer import encode
 
 # (prompt, through the chat template, a word the answer should contain)
@@ -66,7 +67,7 @@ def run(model_name: str, tokenizer_name: str | None, max_new_tokens: int, device
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m easy_context.eval.fixed_prompts", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a local checkpoint, .gguf file or hub id")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--tokenizer", default=None, help="defaults to --model")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--output", required=True, help="the JSON file to write")

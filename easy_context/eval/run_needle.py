@@ -30,6 +30,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.scoring import score_case
 from easy_context.eval.tokens import unlimited
 from easy_context.models import PRESETS
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.source import model_source_error
 from easy_context.models.tokenizer import load_tokenizer
 from easy_context.tasks.haystack import Haystack, read_haystack_text
@@ -47,9 +48,7 @@ def depth_step(text: str) -> float:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.ArgumentParser(description=__doc__)
-    p.add_argument(
-        "--model", required=True, help=f"hub id, local checkpoint, or a random-init preset: {', '.join(PRESETS)}"
-    )
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--max_context_length", type=cli.positive_int, default=8192, help="largest haystack size in tokens")
     p.add_argument("--min_context_length", type=cli.positive_int, default=1024, help="smallest haystack size in tokens")
     p.add_argument(

@@ -30,6 +30,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.tokens import unlimited
 from easy_context.loss import CausalLMWithLoss
 from easy_context.models import PRESETS
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.source import model_source_error
 from easy_context.models.tokenizer import load_tokenizer, start_ids
 from easy_context.tasks.haystack import FETCH_HINT
@@ -45,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--model",
         action="append",
         required=True,
-        help=f"hub id, local checkpoint or random-init preset ({', '.join(PRESETS)}); repeat for several",
+        help=MODEL_HELP + "; repeat for several",
     )
     p.add_argument(
         "-d",

@@ -53,6 +53,7 @@ from easy_context.eval.runtime import add_runtime_args, init_runtime, load_eval_
 from easy_context.eval.scoring import answer_split
 from easy_context.eval.tokens import unlimited
 from easy_context.models import PRESETS, missing_local_path
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.tokenizer import encode, load_tokenizer, start_ids
 from easy_context.tasks.haystack import read_haystack_text
 from easy_context.tasks.ruler.builders import RULER_TASK_COUNT, SIZINGS, unit_name
@@ -92,8 +93,7 @@ def average_label(tasks: list[str]) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.ArgumentParser(description=__doc__)
     p.add_argument("--model", default=None,
-                   help=f"hub id, local checkpoint, or a random-init preset: {', '.join(PRESETS)} (not needed with "
-                        "--prompts_only)")  # fmt: skip
+                   help=MODEL_HELP + " (not needed with --prompts_only)")  # fmt: skip
     p.add_argument("--lengths", type=_int_list, default=_int_list("4096,8192,16384,32768"),
                    help="comma-separated lengths in tokens: prompt + tokens_to_generate <= length "
                         "(default 4096,8192,16384,32768)")  # fmt: skip

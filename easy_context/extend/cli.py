@@ -23,6 +23,7 @@ from easy_context.extend.derive import MFU, Derived, derive
 from easy_context.extend.estimate import format_seconds, format_tokens
 from easy_context.extend.recipe import Recipe, format_length, parse_length
 from easy_context.extend.settings import Settings, SettingsError, resolve
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.shapes import GB
 from easy_context.training.flops import GPUS
 
@@ -35,8 +36,7 @@ def build_parser() -> ArgumentParser:
     )
     ap.add_argument(
         "--model",
-        help="a model folder or its config.json, a name easy-context-fetch --list prints "
-        "(fetched when the plan runs), or a hub id in the local cache",
+        help=MODEL_HELP + " (a fetch name is fetched when the plan runs; a hub id from the local cache)",
     )
     ap.add_argument("--to", metavar="LENGTH", help="the target length: 262144, 256K or 1M")
     ap.add_argument(

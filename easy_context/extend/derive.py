@@ -96,10 +96,10 @@ class Derived:
 
 
 def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> PretrainedConfig:
-    """The text config of a config dict (``model_type`` and its fields), a PretrainedConfig, a local folder or
-    config.json, a name ``easy-context-fetch --list`` prints (its folder once fetched, else the config shipped with
-    the source), or a hub id already in the local cache (never downloads)."""
-    from easy_context.models.fetch import SOURCES, find_source
+    """The text config of a config dict (``model_type`` and its fields), a PretrainedConfig, or any model name the
+    commands take (:func:`easy_context.models.resolve.model_config`: a folder or config.json, a fetch name, a
+    preset, a shape, a GGUF file, a hub id in the local cache; never downloads)."""
+    from easy_context.models.resolve import model_config as resolved_config
 
     if isinstance(model, PretrainedConfig):
         return text_config(model)
@@ -108,17 +108,10 @@ def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> Pretraine
         if "model_type" not in values:
             raise ValueError("model config: needs its model_type (llama, qwen2, gemma3_text, ...)")
         return text_config(AutoConfig.for_model(values.pop("model_type"), **values))
-    source = find_source(model) if not os.path.exists(model) else None
-    if source is not None:
-        fetched = os.path.join(source.default_dest, "config.json")
-        return model_config(fetched if os.path.isfile(fetched) else source.config)
-    path = os.path.dirname(model) if str(model).endswith("config.json") else model
     try:
-        return text_config(AutoConfig.from_pretrained(path, local_files_only=True))
+        return text_config(resolved_config(model))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--model {model}: no config.json there or in the local cache ({exc.__class__.__name__}); "
-                         f"give a model folder, its config.json, or a name easy-context-fetch --list prints "
-                         f"({', '.join(s.name for s in SOURCES)})") from None  # fmt: skip
+        raise ValueError(f"--model {model}: {exc}") from None
 
 
 def _shape(config: PretrainedConfig, name: str) -> ModelShape:
@@ -383,9 +376,9 @@ def _runs(config: PretrainedConfig, setup: Setup, mode: str) -> int:
 
 def _fetch_name(model: object) -> str | None:
     """The easy-context-fetch name ``model`` is, when it is one and no local path."""
-    from easy_context.models.fetch import find_source
+    from easy_context.models.resolve import resolve_model
 
-    if isinstance(model, str) and not os.path.exists(model) and find_source(model):
+    if isinstance(model, str) and resolve_model(model).kind == "fetch":
         return model
     return None
 
@@ -399,12 +392,12 @@ def _model_folder(model: object) -> str | None:
     """The recipe's model: a local folder (or a config.json's) as an absolute path, since the pipeline runs from the
     checkout's root; a fetch name's folder (the pipeline fetches it there when it is not yet); a hub id as given;
     None for a config given as values."""
-    from easy_context.models.fetch import find_source
+    from easy_context.models.resolve import resolve_model
 
     if not isinstance(model, str):
         return None
-    if _fetch_name(model):
-        return find_source(model).default_dest
+    if (ref := resolve_model(model)).kind == "fetch":
+        return ref.path
     folder = os.path.dirname(model) if model.endswith("config.json") else model
     return os.path.abspath(folder) if os.path.isdir(folder) else model
 

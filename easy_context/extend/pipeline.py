@@ -38,6 +38,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from easy_context.data.tokenizer import train_byte_level_bpe
 from easy_context.models import load_model, match_special_tokens
+from easy_context.models.config_compat import save_model
 out, spec, length = sys.argv[1], sys.argv[2], int(sys.argv[3])
 texts = [open(f, encoding="utf-8").read() for f in sorted(glob.glob("PaulGrahamEssays/*.txt"))]
 tokenizer = train_byte_level_bpe(texts, 1000, out)
@@ -50,7 +51,7 @@ if spec.startswith("{"):
 else:
     model = load_model(spec, vocab_size=len(tokenizer), max_position_embeddings=length)
 match_special_tokens(model, tokenizer)
-model.save_pretrained(out)
+save_model(model, out)
 print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters -> {out}")
 """
 

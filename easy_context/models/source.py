@@ -1,5 +1,6 @@
 """Where a model comes from, decided without loading it: a preset, ``shape:<name>``, a local folder (with or
-without weights), a GGUF file, or a hub id (and whether an offline run can reach it)."""
+without weights), a GGUF file, a fetch name, or a hub id (and whether an offline run can reach it). What a name is
+is :mod:`easy_context.models.resolve`'s to say; the checks here ask it."""
 
 from __future__ import annotations
 
@@ -7,10 +8,7 @@ import os
 import re
 
 from easy_context.models.gguf import gguf_error, is_gguf
-from easy_context.models.shapes import PRESETS
-
-SHAPE_PREFIX = "shape:"
-
+from easy_context.models.resolve import fetch_hint, resolve_model
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".index.json")
 
@@ -34,17 +32,24 @@ def is_hf_folder(path: str) -> bool:
 
 
 def is_random_init(name: str) -> bool:
-    """Whether ``name`` builds random weights (a preset, ``shape:<name>`` or a config-only folder) rather than
-    loading a checkpoint."""
-    return name in PRESETS or name.startswith(SHAPE_PREFIX) or is_config_only(name)
+    """Whether ``name`` builds random weights (a preset, a shape: ``shape:<name>`` or a published name such as
+    ``llama-3-8b``, a config-only folder or config.json) rather than loading a checkpoint."""
+    try:
+        return resolve_model(name).random_init
+    except ValueError:  # an unknown shape: name is random init; building it says which names exist
+        return True
 
 
 def missing_local_path(name: str, flag: str = "--model") -> str | None:
     """A one-line error when ``name`` is meant as a local folder (starts with ``.``, ``/`` or ``~``, or has more than
-    one ``/``) that does not exist, or names a GGUF file that is missing or unreadable (``gguf`` not installed,
-    truncated, ...); None otherwise (hub ids look like ``org/name``; presets build random weights)."""
+    one ``/``) that does not exist, names a GGUF file that is missing or unreadable (``gguf`` not installed,
+    truncated, ...), or a fetch name not fetched yet; None otherwise (hub ids look like ``org/name``; presets build
+    random weights)."""
     if not name or is_random_init(name):
         return None
+    ref = resolve_model(name)
+    if ref.kind == "fetch":
+        return None if ref.fetched else fetch_hint(ref, flag)
     if is_gguf(name):
         error = gguf_error(name)
         return f"{flag} {error}" if error else None

@@ -7,10 +7,14 @@ import os
 
 def load_tokenizer(name_or_path: str):
     """``AutoTokenizer.from_pretrained(name_or_path)`` with an error that says what to do when it cannot load; a GGUF
-    file (``path/model.gguf``) gives the tokenizer in its metadata (:mod:`easy_context.models.gguf`)."""
+    file (``path/model.gguf``) gives the tokenizer in its metadata (:mod:`easy_context.models.gguf`), a fetch name its
+    folder's (:func:`easy_context.models.resolve.model_location`)."""
     from transformers import AutoTokenizer
 
     from easy_context.models.gguf import is_gguf, load_gguf_tokenizer
+    from easy_context.models.resolve import model_location
+
+    name_or_path = model_location(name_or_path, "--tokenizer")
 
     if is_gguf(name_or_path):
         return load_gguf_tokenizer(name_or_path)  # its errors already say what to do

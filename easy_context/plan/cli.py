@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from easy_context.cli import ArgumentParser
 from easy_context.core import registry
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.shapes import load_model_shape, parse_size
 from easy_context.plan.options import OPTION_BY_NAME, OPTIONS, parse_config
 from easy_context.plan.report import format_breakdown, format_header, format_run, format_summary, train_flags
@@ -24,7 +25,7 @@ def build_parser() -> ArgumentParser:
         description="Predict the byte budget and longest trainable context per SP mode and memory option.",
         epilog="Assumptions and validation: see docs/planner.md.",
     )
-    ap.add_argument("--model", help="config.json path, built-in name (llama-3-8b, ...) or preset")
+    ap.add_argument("--model", help=MODEL_HELP + " (its config only)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs in all (nodes x GPUs per node)")
     ap.add_argument("--gpu-mem", default="80GB", help="per GPU: 80GB (1e9), 80GiB (2^30), 141GB")
     ap.add_argument("--host-mem", default="1TB", help="per node")

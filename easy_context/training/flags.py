@@ -15,6 +15,7 @@ from easy_context.data import random_source_rows
 from easy_context.loss import LOSS_CHOICES
 from easy_context.memory import CHECKPOINT_MODES
 from easy_context.models import PRESETS, is_random_init
+from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.source import model_source_error
 from easy_context.training import recipe
 from easy_context.training.optim import OPTIMIZERS
@@ -60,8 +61,7 @@ def build_parser(description: str | None = None) -> cli.ArgumentParser:
     p.add_argument(
         "--model",
         required=True,
-        help=f"hub id, local path, a preset ({', '.join(PRESETS)}) or shape:<name> (random-init "
-        "full-size architecture, e.g. shape:llama-2-7b, vocab from --tokenizer)",
+        help=MODEL_HELP + " (random weights take their vocabulary from --tokenizer)",
     )
     p.add_argument("--tokenizer", default=None, help="defaults to --model (required for presets)")
     p.add_argument("--dataset", required=True, help="save_to_disk dir (input_ids), .txt/.jsonl files/dirs, hub name, "

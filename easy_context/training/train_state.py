@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from easy_context.models.config_compat import save_model
+
 
 class EpochShuffleSampler(Sampler[int]):
     """A fresh permutation per epoch from ``seed + epoch``: the data order is a pure function of
@@ -463,7 +465,7 @@ def save_hf_checkpoint(accelerator, train_model, tokenizer, output_dir: str | Pa
             attn = hf_model.config._attn_implementation
             hf_model.config._attn_implementation_internal = "sdpa"  # do not save our runtime attention name
             try:
-                hf_model.save_pretrained(str(temp), state_dict=state, safe_serialization=True)
+                save_model(hf_model, str(temp), state_dict=state, safe_serialization=True)
             finally:
                 hf_model.config._attn_implementation_internal = attn
             if tokenizer is not None:

@@ -112,6 +112,8 @@ def test_convert_gguf_writes_a_plain_folder(tiny, tmp_path, monkeypatch):
     assert convert_gguf(tiny["Q8_0"], str(out), dtype=torch.float32) == str(out)
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["dtype"] == "float32"
+    # transformers 4.x's RoPE keys beside rope_parameters (easy_context.models.config_compat)
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] and config["rope_scaling"] is None
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     convert_gguf(tiny["Q8_0"], str(out))  # already converted: nothing rewritten
