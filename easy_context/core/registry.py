@@ -104,20 +104,24 @@ def extract_local(seq_algo: str, value: torch.Tensor, rank: int, world_size: int
     return local
 
 
-def shard_layout_error(tensor: torch.Tensor, seq_algo: str, options: dict[str, Any], world_size: int) -> str | None:
-    """Why ``tensor`` (a shard from :func:`extract_local`) is not laid out as ``seq_algo`` with ``options`` lays out a
-    sequence on ``world_size`` ranks (some rank holds other rows); None when it is, or when the tensor does not
-    carry its layout. Decided on every rank alike (no communication), so that all ranks raise together."""
+def shard_layout_error(tensor: torch.Tensor, seq_algo: SeqAlgo | str, options: dict[str, Any],
+                       world_size: int) -> str | None:  # fmt: skip
+    """Why ``tensor`` (a shard from :func:`extract_local`) is not laid out as ``seq_algo`` (a backend or its name)
+    with ``options`` lays out a sequence on ``world_size`` ranks (some rank holds other rows); None when it is, or when
+    the tensor does not carry its layout. Decided on every rank alike (no communication), so that all ranks raise
+    together."""
     made = getattr(tensor, SHARD_LAYOUT, None)
     if made is None or made[3] != 1:
         return None
+    ours = get_seq_algo(seq_algo)
+    seq_algo = ours.name
     cut_by, cut_options, cut_world, _ = made
     cut = f"{cut_by}{''.join(f', {k}={v!r}' for k, v in cut_options.items())}"
     if cut_world != world_size:
         return (f"{seq_algo}: this shard was cut for {cut_world} ranks (extract_local('{cut}')), the attention runs on "
                 f"{world_size}: shard with the SP group's size")  # fmt: skip
     seq_local = tensor.shape[1]
-    theirs, ours = get_seq_algo(cut_by), get_seq_algo(seq_algo)
+    theirs = get_seq_algo(cut_by)
     for rank in range(world_size):
         if theirs.global_rows(rank, world_size, seq_local, **cut_options) != ours.global_rows(
             rank, world_size, seq_local, **options
@@ -135,7 +139,7 @@ def seq_multiple(seq_algo: str, world_size: int, **kw) -> int:
     return get_seq_algo(seq_algo).seq_multiple(world_size, **kw)
 
 
-def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
+def get_attn_func(seq_algo: SeqAlgo | str, kernel: str = "auto", **kw) -> AttnFunc:
     """``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None,
     documents=None)`` on local shards.
 
@@ -144,7 +148,8 @@ def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
     ``documents`` (:class:`easy_context.core.documents.Documents` of the full sequence) keep attention inside each
     document (docs/documents.md).
     ``kernel`` picks the local kernel (``auto``, ``cpu``, ``cudnn``, ``flash``, ``efficient``,
-    ``flash_attn``, ``math``); other keywords are backend options (e.g. ``ring_degree`` for usp_attn).
+    ``flash_attn``, ``math``); other keywords are backend options (e.g. ``ring_degree`` for usp_attn). ``seq_algo``:
+    a backend's name, or the backend (looked up once, here).
     """
     algo = get_seq_algo(seq_algo)
     inner = algo.attn_func(kernel, **kw)
@@ -160,7 +165,7 @@ def get_attn_func(seq_algo: str, kernel: str = "auto", **kw) -> AttnFunc:
 
             world = dist.get_world_size(get_sp_group() if group is None else group)
             for x in (q, k, v):
-                error = shard_layout_error(x, seq_algo, options, world)
+                error = shard_layout_error(x, algo, options, world)
                 if error:
                     raise ValueError(error)
             if position_ids is not None and documents is None and world > 1:

@@ -31,11 +31,12 @@ import torch.distributed as dist
 from easy_context.core.documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
 from easy_context.core.groups import get_sp_group
 from easy_context.core.registry import get_attn_func, get_seq_algo
+from easy_context.core.seq_algo import SeqAlgo
 from easy_context.hf.kv_cache import active_cache
 
 
-def _full_length(seq_algo: str, local_len: int) -> int:
-    if not get_seq_algo(seq_algo).distributed:
+def _full_length(algo: SeqAlgo, local_len: int) -> int:
+    if not algo.distributed:
         return local_len
     return local_len * dist.get_world_size(get_sp_group())
 
@@ -110,20 +111,20 @@ def variants(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"softcap": softcap or None, "sliding_window": sliding_window(module, kwargs), "sinks": sinks}
 
 
-def _documents(seq_algo: str, options: dict[str, Any], query: torch.Tensor, kwargs) -> Documents | None:
+def _documents(algo: SeqAlgo, options: dict[str, Any], query: torch.Tensor, kwargs) -> Documents | None:
     """The documents of this call: from ``cu_seq_lens_q`` when transformers passes it, else from ``position_ids``."""
     position_ids = kwargs.get("position_ids")
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     opts = {k: v for k, v in options.items() if k != "kernel"}
-    docs = None if position_ids is None else local_documents(get_seq_algo(seq_algo), position_ids, **opts)
+    docs = None if position_ids is None else local_documents(algo, position_ids, **opts)
     if cu_q is None:
         return docs
-    full = _full_length(seq_algo, query.shape[2])
-    cu_docs = cached_on(torch.as_tensor(cu_q), ("cu_seq_lens", seq_algo, full, query.shape[0], id(cu_k)),
-                        lambda: _documents_from_cu(seq_algo, cu_q, cu_k, full, query.shape[0]))  # fmt: skip
+    full = _full_length(algo, query.shape[2])
+    cu_docs = cached_on(torch.as_tensor(cu_q), ("cu_seq_lens", algo.name, full, query.shape[0], id(cu_k)),
+                        lambda: _documents_from_cu(algo.name, cu_q, cu_k, full, query.shape[0]))  # fmt: skip
     if position_ids is not None and docs != cu_docs:
         raise ValueError(
-            f"{seq_algo}: cu_seq_lens_q and position_ids describe different documents; pass one or make them agree"
+            f"{algo.name}: cu_seq_lens_q and position_ids describe different documents; pass one or make them agree"
         )
     return cu_docs
 
@@ -172,10 +173,12 @@ def own_attention_function(module: torch.nn.Module, own: str) -> Callable[..., A
     return ALL_ATTENTION_FUNCTIONS[own] if own in ALL_ATTENTION_FUNCTIONS.valid_keys() else None
 
 
-def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
-    """The transformers attention function for ``seq_algo`` (``options``: kernel, ring_degree, ...)."""
-    attn = get_attn_func(seq_algo, **options)
-    sharded = get_seq_algo(seq_algo).distributed
+def make_hf_attention(seq_algo: SeqAlgo | str, **options: Any) -> Callable[..., tuple[torch.Tensor, None]]:
+    """The transformers attention function for ``seq_algo`` (a backend or its name; ``options``: kernel,
+    ring_degree, ...). The backend is looked up here, once: the function holds it."""
+    algo = get_seq_algo(seq_algo)
+    attn = get_attn_func(algo, **options)
+    sharded = algo.distributed
 
     def easy_context_attention(
         module: torch.nn.Module,
@@ -195,7 +198,7 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
             if fn is not None:
                 return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         _CALLS[0] += 1
-        check_supported(module, seq_algo, query, attention_mask, dropout, kwargs)
+        check_supported(module, algo.name, query, attention_mask, dropout, kwargs)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         extra = variants(module, kwargs)
@@ -206,7 +209,7 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
             return out, None
 
         def call() -> torch.Tensor:
-            documents = _documents(seq_algo, options, query, kwargs)
+            documents = _documents(algo, options, query, kwargs)
             return attn(q, k, v, softmax_scale=scaling, causal=causal, documents=documents, **extra)
 
         if cache is not None:  # prefill: record this rank's K/V shard
@@ -214,5 +217,5 @@ def make_hf_attention(seq_algo: str, **options: Any) -> Callable[..., tuple[torc
             return cache.attend(_layer_key(module), q, k, v, kwargs.get("position_ids"), scale, extra, call), None
         return call(), None
 
-    easy_context_attention.__name__ = f"easy_context_{seq_algo}_attention"
+    easy_context_attention.__name__ = f"easy_context_{algo.name}_attention"
     return easy_context_attention

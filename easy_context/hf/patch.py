@@ -2,8 +2,10 @@
 
 ``apply_seq_parallel_monkey_patch(seq_algo, model)`` registers our attention function under a name and
 sets it on the model (``model.set_attn_implementation``); no model code is copied or replaced. The switched model
-gets a config object of its own first: transformers' ``from_config`` shares one config among the models built from it,
-and the others keep their attention. For
+gets configs of its own first, one object for its whole tree whatever parts of it were switched in whatever order
+(:mod:`easy_context.hf.tree_config`): transformers' ``from_config`` shares one config among the models built from it,
+and the others keep their attention; a part of a switched model is refused another backend than the model's. The
+backend is looked up once, at the switch; its object is passed down. For
 EasyContext compatibility ``model`` may also be a model-type string (``"llama"``, ``"qwen2"``, ...): models of
 that type built afterwards are switched at the end of their construction (``PreTrainedModel.post_init``); under
 data_parallel one built with ``attn_implementation=`` named keeps it (on one process that is the user's choice, under
@@ -32,18 +34,18 @@ modules whose frequencies depend on the largest position id see the SP group's (
 
 from __future__ import annotations
 
-import copy
 import inspect
 import warnings
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from easy_context.core.documents import local_documents
 from easy_context.core.groups import get_sp_group
 from easy_context.core.registry import checked_documents, get_seq_algo
+from easy_context.core.seq_algo import SeqAlgo
 from easy_context.hf.attention import attention_calls, make_hf_attention, sp_world
 from easy_context.hf.kv_cache import active_cache
 from easy_context.hf.support import (
@@ -55,19 +57,20 @@ from easy_context.hf.support import (
     global_rope_positions,
     sequence_dependent_rope,
 )
+from easy_context.hf.tree_config import private_config, switched_root
 
-_TYPE_PATCHES: dict[str, tuple[str, dict[str, Any]]] = {}
+_TYPE_PATCHES: dict[str, tuple[SeqAlgo, dict[str, Any]]] = {}
 _POST_INIT_PATCHED = False
 
 
-def attention_name(seq_algo: str, **options: Any) -> str:
-    """The registry name for ``seq_algo`` with ``options`` (registered on first use)."""
-    get_seq_algo(seq_algo)  # validates the name
+def attention_name(seq_algo: SeqAlgo | str, **options: Any) -> str:
+    """The registry name for ``seq_algo`` (a backend or its name) with ``options`` (registered on first use)."""
+    algo = get_seq_algo(seq_algo)  # validates a name
     suffix = "".join(f"__{k}_{v}" for k, v in sorted(options.items()) if v is not None)
     # transformers treats any name containing "flash" as a flash-attention kernel request: avoid the word
-    name = f"easy_context_{seq_algo}{suffix}".replace("flash", "fl4sh")
+    name = f"easy_context_{algo.name}{suffix}".replace("flash", "fl4sh")
     if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        AttentionInterface.register(name, make_hf_attention(seq_algo, **options))
+        AttentionInterface.register(name, make_hf_attention(algo, **options))
     return name
 
 
@@ -76,7 +79,7 @@ def _padded(mask: torch.Tensor | None) -> bool:
     return mask is not None and not bool(torch.all(mask == 1))
 
 
-def _padding_as_documents(seq_algo: str, algo, mask: torch.Tensor, position_ids: torch.Tensor,
+def _padding_as_documents(algo: SeqAlgo, mask: torch.Tensor, position_ids: torch.Tensor,
                           options: dict[str, Any]) -> torch.Tensor:  # fmt: skip
     """This rank's ``position_ids`` (batch, seq_local) with a padding ``attention_mask`` shard (batch, seq_local)
     turned into documents: every pad token gets its row's first real position, so each pad is a document of its own
@@ -87,6 +90,7 @@ def _padding_as_documents(seq_algo: str, algo, mask: torch.Tensor, position_ids:
     transformers does not mask next to an attention_mask), or a mask not sharded like the inputs."""
     from easy_context.core.documents import gather_position_ids
 
+    seq_algo = algo.name
     if mask.dim() != 2 or mask.shape != position_ids.shape:
         raise ValueError(
             f"{seq_algo}: under sequence parallelism the attention_mask must be this rank's (batch, seq_local) shard "
@@ -116,14 +120,14 @@ def _padding_as_documents(seq_algo: str, algo, mask: torch.Tensor, position_ids:
     return torch.where(mask == 0, start.to(position_ids.dtype), position_ids)
 
 
-def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
+def _guard_inputs(algo: SeqAlgo, options: dict[str, Any], name: str, own: str):
     """The forward pre-hook / post-hook pair of a switched model (or its decoder); ``name``: our attention's registry
     name, ``own``: the model's own attention implementation.
 
     On one process (data parallel, or an SP group of one) a forward with a KV cache (``generate()``) or a padding mask
     runs the model's own attention: transformers builds its masks and cache only for its own implementations, and its
     numbers are the reference there; the post-hook (run even when the forward raises) switches back to ours."""
-    sharded = get_seq_algo(seq_algo).distributed
+    seq_algo, sharded = algo.name, algo.distributed
     layout_opts = {k: v for k, v in options.items() if k != "kernel"}
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
@@ -147,12 +151,11 @@ def _guard_inputs(seq_algo: str, options: dict[str, Any], name: str, own: str):
                 "stays sharded where the prefill put it), or on one process"
             )
         position_ids = given.get("position_ids")
-        algo = get_seq_algo(seq_algo)
         if mask is not None and world > 1:  # every rank gathers (a shard may hold no pad while others do)
             if position_ids is None:
                 raise ValueError(f"{seq_algo}: pass position_ids with a padding attention_mask under sequence "
                                  "parallelism (prepare_seq_parallel_inputs returns local_position_ids)")  # fmt: skip
-            position_ids = _padding_as_documents(seq_algo, algo, mask, position_ids, layout_opts)
+            position_ids = _padding_as_documents(algo, mask, position_ids, layout_opts)
             if "position_ids" in positional:
                 args = tuple(position_ids if n == "position_ids" else a for n, a in zip(names, args))
             else:
@@ -214,45 +217,58 @@ def _check_called(seq_algo: str):
 
 
 def own_attention(model: PreTrainedModel) -> str:
-    """The attention implementation ``model`` had before easy_context switched it (``eager`` when it had none)."""
+    """The attention implementation ``model`` had before easy_context switched it or a part of it (``eager`` when it
+    had none)."""
     current = model.config._attn_implementation
-    if current and not str(current).startswith("easy_context_"):
+    if current and not _ours(current):
         return current
-    return getattr(model, "_easy_context_own_attention", None) or "eager"
+    recorded = (getattr(m, "_easy_context_own_attention", None) for m in model.modules())
+    return next((own for own in recorded if own), None) or "eager"
 
 
-def _own_config(model: PreTrainedModel) -> None:
-    """Give ``model`` a config object of its own: transformers' ``from_config`` keeps the config it is given, so models
-    built from one config share it, and setting our attention on it would switch them all (without this model's
-    guards). Every module of ``model`` that held the config, or one of its sub-configs, gets the copy's."""
-    memo: dict[int, Any] = {}
-    copy.deepcopy(model.config, memo)
-    for module in model.modules():
-        copied = memo.get(id(getattr(module, "config", None)))
-        if isinstance(copied, PretrainedConfig):
-            module.config = copied
+def _ours(implementation: Any) -> bool:
+    return str(implementation).startswith("easy_context_")
 
 
-def _switch(model: PreTrainedModel, seq_algo: str, options: dict[str, Any]) -> PreTrainedModel:
-    sharded = get_seq_algo(seq_algo).distributed
-    check_model_supported(model, seq_algo, sharded)
-    check_attention_outputs(model, seq_algo)
+def _check_one_backend(model: PreTrainedModel, algo: SeqAlgo, name: str) -> None:
+    """A part of a switched model shares the model's config, so it attends with the model's backend: switching it to
+    another would leave the model's guards and the attention that runs disagreeing. Raise ``ValueError`` then."""
+    root = switched_root(model)
+    current = model.config._attn_implementation
+    if root is None or root is model or not _ours(current) or current == name:
+        return
+    whole = type(root).__name__
+    raise ValueError(
+        f"{algo.name}: {type(model).__name__} is part of a {whole} that attends with {current!r}, and a model and "
+        f"its parts share one config, so one attention backend: switch the {whole} itself to change the backend "
+        "(apply_seq_parallel_monkey_patch(seq_algo, model) on the whole model), or this part with the same backend "
+        "and options"
+    )
+
+
+def _switch(model: PreTrainedModel, algo: SeqAlgo, options: dict[str, Any]) -> PreTrainedModel:
+    """Switch ``model`` (and every part of it) to ``algo``'s attention with ``options``."""
+    sharded = algo.distributed
+    check_model_supported(model, algo.name, sharded)
+    check_attention_outputs(model, algo.name)
+    name = attention_name(algo, **options)
+    _check_one_backend(model, algo, name)
     own = own_attention(model)
-    _own_config(model)
-    name = attention_name(seq_algo, **options)
+    private_config(model)
     model.set_attn_implementation(name)
-    check_switched(model, seq_algo, name)
+    check_switched(model, algo.name, name)
     for module in model.modules():  # attention layers delegate masks built for the model's own attention to it
         module._easy_context_own_attention = own
-    decoder = decoder_of(model)
-    for module in {id(m): m for m in (model, decoder)}.values():  # the LM and its decoder
+    # the LM, its decoder, and parts switched before (a model has one backend: theirs is replaced)
+    guarded = [model, decoder_of(model), *(m for m in model.modules() if getattr(m, "_easy_context_hooks", ()))]
+    for module in {id(m): m for m in guarded}.values():
         for handle in getattr(module, "_easy_context_hooks", ()):
             handle.remove()
-        guard, restore = _guard_inputs(seq_algo, options, name, own)
+        guard, restore = _guard_inputs(algo, options, name, own)
         hooks = [module.register_forward_pre_hook(guard, with_kwargs=True),
                  module.register_forward_hook(restore, with_kwargs=True, always_call=True)]  # fmt: skip
         if sharded:
-            before, after = _check_called(seq_algo)
+            before, after = _check_called(algo.name)
             hooks += [module.register_forward_pre_hook(before, with_kwargs=True),
                       module.register_forward_hook(after, with_kwargs=True)]  # fmt: skip
         module._easy_context_hooks = tuple(hooks)
@@ -281,7 +297,7 @@ def _patch_post_init() -> None:
         # on one process an attn_implementation asked for by name is the user's choice for this model (the same
         # numbers either way); under SP every model of the type is switched: another attention would compute each
         # rank's shard alone (EasyContext's scripts load with attn_implementation="flash_attention_2", then patch)
-        if requested is None or str(requested).startswith("easy_context_") or get_seq_algo(patch[0]).distributed:
+        if requested is None or _ours(requested) or patch[0].distributed:
             shared = self.config
             _switch(self, patch[0], patch[1])
             # transformers wrote its default attention into the config it was given; the next model built from that
@@ -301,8 +317,10 @@ def _patch_post_init() -> None:
 OWN_MASKS_IGNORE_POSITION_IDS = frozenset({"gpt_oss", "afmoe"})
 
 
-def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str, always: bool = False, **options: Any):
-    """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention.
+def apply_seq_parallel_monkey_patch(seq_algo: str | SeqAlgo, model: PreTrainedModel | str, always: bool = False,
+                                    **options: Any):  # fmt: skip
+    """Make ``model`` (a loaded PreTrainedModel, or a model-type string) use ``seq_algo`` attention (a backend's name,
+    or the backend).
 
     ``options`` go to the backend (``kernel="auto"``, ``ring_degree=...`` for usp_attn). ``data_parallel``
     leaves the model's own attention untouched unless a named ``kernel`` (not ``"auto"``) is given or ``always``
@@ -321,7 +339,7 @@ def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str,
                       "attention, which masks each document", stacklevel=2)  # fmt: skip
     if isinstance(model, str):
         if patches:
-            _TYPE_PATCHES[model] = (seq_algo, dict(options))
+            _TYPE_PATCHES[model] = (algo, dict(options))
             _patch_post_init()
         else:
             _TYPE_PATCHES.pop(model, None)
@@ -330,4 +348,4 @@ def apply_seq_parallel_monkey_patch(seq_algo: str, model: PreTrainedModel | str,
         raise TypeError(f"expected a transformers PreTrainedModel or a model-type string, got {type(model).__name__}")
     if not patches:
         return model
-    return _switch(model, seq_algo, dict(options))
+    return _switch(model, algo, dict(options))

@@ -57,7 +57,7 @@ ATTENTION_VARIANT_KINDS: dict[str, str] = {
 LAYER_KINDS = {**RECURRENT_KINDS, **ATTENTION_VARIANT_KINDS}
 
 
-def _configs(config: Any) -> list[Any]:
+def with_sub_configs(config: Any) -> list[Any]:
     """``config`` and its sub-configs (a multimodal model's text config), depth first."""
     out, todo = [], [config]
     while todo:
@@ -73,7 +73,7 @@ def unsupported_layers(config: Any, sharded: bool = True) -> list[tuple[str, str
     attention does not implement; recurrent / convolution kinds count only when ``sharded``. Empty when every layer
     is full or sliding attention (or an MLP-only layer)."""
     kinds: dict[str, str] = {}
-    for cfg in _configs(config):
+    for cfg in with_sub_configs(config):
         for kind in getattr(cfg, "layer_types", None) or ():
             if kind in ATTENTION_KINDS or kind in MLP_KINDS or (kind in RECURRENT_KINDS and not sharded):
                 continue
@@ -124,7 +124,7 @@ def check_attention_outputs(model: nn.Module, seq_algo: str, kwargs: dict[str, A
         if flag in kwargs and kwargs[flag] is not None:
             on, where = bool(kwargs[flag]), f"{flag}=True passed to forward"
         else:
-            configs = [c for c in _configs(getattr(model, "config", None)) if getattr(c, flag, False)]
+            configs = [c for c in with_sub_configs(getattr(model, "config", None)) if getattr(c, flag, False)]
             on, where = bool(configs), f"config.{flag} = True ({type(configs[0]).__name__ if configs else ''})"
         if on:
             raise NotImplementedError(

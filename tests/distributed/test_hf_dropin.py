@@ -92,3 +92,34 @@ def test_padding_masks_under_sp_match_one_process(dist_pool, world, model_type):
         assert "zeros between real tokens" in inner and "\n" not in inner, inner
         for algo, err in results.items():
             assert err < 2e-5, (rank, algo, err)
+
+
+def _lookups(algo: str, opts: dict, rank: int, world: int) -> tuple[int, int]:
+    """The registry lookups of switching a tiny Llama to ``algo``, and of one forward + backward of this rank's shard
+    (a loss through shift_labels, two packed documents)."""
+    from tests.support.registry_lookups import count_lookups
+
+    seq = 8 * world
+    ids = torch.randint(1, 128, (1, seq), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(seq // 2), torch.arange(seq - seq // 2)])[None]
+    model = tiny_model("llama")
+    switch = count_lookups(lambda: ec.apply_seq_parallel_monkey_patch(algo, model, **opts))
+    local = ec.prepare_seq_parallel_inputs(algo, ids, positions, ec.shift_targets(ids), rank, world, "cpu", **opts)
+
+    def step():
+        out = model(local["local_input_ids"], position_ids=local["local_position_ids"], labels=ids,
+                    shift_labels=local["local_target_ids"])  # fmt: skip
+        out.loss.backward()
+
+    return switch, count_lookups(step)
+
+
+def lookups_worker(rank: int, world: int) -> dict[str, tuple[int, int]]:
+    return {algo: _lookups(algo, opts, rank, world) for algo, opts in ALGOS}
+
+
+def test_the_backend_is_looked_up_once_at_the_switch(dist_pool):
+    """Every SP backend is looked up once when a model is switched; its forward and backward on 2 ranks look nothing
+    up (the attention function, the guards and the checks hold the backend object)."""
+    for counts in dist_pool(2).run(lookups_worker):
+        assert counts == {algo: (1, 0) for algo, _ in ALGOS}, counts

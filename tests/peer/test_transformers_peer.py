@@ -2,7 +2,10 @@
 transformers: tests/peer/hf_suite.py) on 12 decoder families (tests/peer/families.py), twice: with transformers' own
 attention (``Test<Family>Theirs``: the reference, every test selected must pass) and with every model the tests build
 switched to easy_context's attention (``Test<Family>Ours``: ``apply_seq_parallel_monkey_patch("data_parallel",
-model_type, always=True)``, which switches each model of that type at the end of its construction).
+model_type, always=True)``, which switches each model of that type at the end of its construction). gpt-oss runs once
+more switched by instance, each model at the end of its construction, sub-models first (``Test<Family>OursInnerFirst``:
+a harness that switches every ``PreTrainedModel`` it sees): its tree must keep one config, which
+``set_experts_implementation`` and config edits go through.
 
 A test that passes with transformers' attention passes with ours, or stands in EXPECTED_FAILURES (a strict xfail:
 tests/peer/conftest.py) with a reason that docs/limits.md gives. NOT_RUN lists the mixin's tests this suite does not
@@ -19,6 +22,7 @@ from fnmatch import fnmatch
 from unittest import mock
 
 import torch
+from transformers import PretrainedConfig, PreTrainedModel
 
 from easy_context.hf import patch as hf_patch
 from easy_context.hf.attention import attention_calls
@@ -38,6 +42,7 @@ RUN = (
     "test_model_forward_default_config_values", "test_training*", "test_enable_input_require_grads_with_*",
     "test_causal_lm_loss_honors_shift_labels", "test_save_load", "test_sdpa_can_dispatch_non_composite_models",
     "test_can_set_attention_dynamically", "test_config_attn_implementation_setter", "test_model_rope_scaling_*",
+    "test_eager_matches_batched_and_grouped_inference_*",
 )  # fmt: skip
 # Why the others are not run, first match wins
 NOT_RUN = {
@@ -90,6 +95,9 @@ class PeerCase:
             if self.attention == "ours":
                 self.assertTrue(model.config._attn_implementation.startswith("easy_context_data_parallel"))
                 self.assertEqual(attention_calls() - before, config.num_hidden_layers)
+                configs = [getattr(m, "config", None) for m in model.modules()]
+                held = {id(c) for c in configs if isinstance(c, PretrainedConfig)}
+                self.assertEqual(held, {id(model.config)})  # one config for the whole model, as transformers gives
             else:
                 self.assertIn(model.config._attn_implementation, ("sdpa", "eager"))  # Gemma 2: eager
                 self.assertEqual(attention_calls(), before)
@@ -124,6 +132,55 @@ class OursAllOnesCase(OursCase):
     label = "OursAllOnes"
 
 
+class OursInnerFirstCase(PeerCase):
+    """Every model of the family's type is switched by instance (``apply_seq_parallel_monkey_patch("data_parallel",
+    model, always=True)``) at the end of its construction, so a causal LM's decoder before the LM itself: a harness
+    that switches each ``PreTrainedModel`` it sees (or a head's backbone switched, then the whole model). As the
+    data_parallel type patch does, a model whose construction asked for an attention by name keeps it. All-ones masks:
+    every forward runs easy_context's attention."""
+
+    attention = "ours"
+    padded = False
+    label = "OursInnerFirst"
+
+    def setUp(self):
+        super().setUp()
+        model_type = self.model_tester.config_class.model_type
+        init, post_init = PreTrainedModel.__init__, PreTrainedModel.post_init
+        asked: list[object] = []  # per model under construction: the attention its outermost construction asked for
+        self._harness = True
+
+        def __init__(model, config, *args, **kwargs):
+            asked.append(asked[-1] if asked else getattr(config, "_attn_implementation_internal", None))
+            init(model, config, *args, **kwargs)
+
+        def switching_post_init(model, *args, **kwargs):
+            post_init(model, *args, **kwargs)
+            requested, shared = asked.pop() if asked else None, model.config
+            if self._harness and requested is None and shared.model_type == model_type:
+                hf_patch.apply_seq_parallel_monkey_patch("data_parallel", model, always=True, kernel="auto")
+                shared._attn_implementation_internal = None  # the next model built from it asks for nothing either
+
+        for name, fn in (("__init__", __init__), ("post_init", switching_post_init)):
+            patcher = mock.patch.object(PreTrainedModel, name, fn)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        types = mock.patch.dict(hf_patch._TYPE_PATCHES, clear=True)  # the harness alone switches
+        types.start()
+        self.addCleanup(types.stop)
+
+    @contextlib.contextmanager
+    def reference_attention(self):
+        self._harness = False
+        try:
+            yield
+        finally:
+            self._harness = True
+
+
+# gpt-oss runs a fourth time switched inner-first: its experts read their implementation from the config
+INNER_FIRST_FAMILIES = ("gpt_oss",)
+
 # the families run a third time with all-ones masks: one per attention variant (plain GQA; soft-capping and windows;
 # two RoPE bases and windows; sinks, windows and experts), which keeps make test within its time
 ALL_ONES_FAMILIES = ("llama", "gemma2", "gemma3", "gpt_oss")
@@ -152,8 +209,10 @@ def _case(family, side: type) -> type:
 
 
 for _family in FAMILIES:
-    for _side in (TheirsCase, OursCase, OursAllOnesCase):
+    for _side in (TheirsCase, OursCase, OursAllOnesCase, OursInnerFirstCase):
         if _side is OursAllOnesCase and _family.name not in ALL_ONES_FAMILIES:
+            continue
+        if _side is OursInnerFirstCase and _family.name not in INNER_FIRST_FAMILIES:
             continue
         _c = _case(_family, _side)
         globals()[_c.__name__] = _c
