@@ -4,9 +4,12 @@ The prompts come from :mod:`easy_context.tasks.ruler` (shared with data preparat
 
 * ``tasks.ruler.vocab`` — English words (wonderwords' lists), keys, values (numbers, word pairs, UUIDs), FWE's coded
   words and variable names, from a seeded RNG.
-* ``tasks.ruler.builders`` — the task definitions (retrieval, multi-hop tracing, aggregation) and one prompt per
-  (task, length, sample), built as NVIDIA's generator builds it to RULER's token budget.
-* ``tasks.ruler.fit`` — the prompt's size search (the largest haystack whose prompt stays within the budget).
+* ``tasks.ruler.tasks`` — the task definitions; ``tasks.ruler.retrieval``, ``.tracing``, ``.aggregation`` — the
+  prompts of each task family.
+* ``tasks.ruler.sizing`` — RULER's size search and step-back; ``tasks.ruler.fit`` — the largest haystack whose prompt
+  stays within the budget (``--sizing fill``).
+* ``tasks.ruler.builders`` — one prompt per (task, length, sample), built as NVIDIA's generator builds it to RULER's
+  token budget.
 
 Here:
 

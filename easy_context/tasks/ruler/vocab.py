@@ -64,6 +64,19 @@ def distinct(rng: random.Random, make, count: int, avoid: set[str] | None = None
     return out
 
 
+class LazyDistinct:
+    """Distinct ``make(rng)`` values drawn on demand from one RNG: ``lazy[:n]`` is the same prefix for every ``n``
+    (a haystack of ``n`` lines is the first ``n`` of one draw, whatever sizes the search tries)."""
+
+    def __init__(self, rng: random.Random, make, avoid: set[str] | None = None):
+        self.rng, self.make, self.avoid, self.items = rng, make, avoid if avoid is not None else set(), []
+
+    def __getitem__(self, part: slice) -> list[str]:
+        while len(self.items) < part.stop:
+            self.items += distinct(self.rng, self.make, max(part.stop - len(self.items), 64), self.avoid)
+        return self.items[part]
+
+
 def key_words(rng: random.Random) -> str:
     """A needle key (or word value) as RULER writes them: an adjective and a noun joined by a hyphen."""
     adjectives, nouns = key_pairs()
