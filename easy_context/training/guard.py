@@ -77,7 +77,7 @@ class RunGuard:
     def stop_before_start(self, start_step: int) -> bool:
         """Whether a stop signal came during start-up (on any rank; one all-reduce): then the run ends before
         ``start_step + 1``, with nothing new to save."""
-        signum = agree_max([self.stop.received], self.accelerator.device)[0]
+        signum = agree_max([self.stop.received])[0]
         if signum:
             self.last_step, self.stopped_by = start_step, signum
         return bool(signum)
@@ -94,7 +94,7 @@ class RunGuard:
             return True
         limit = self.args.time_limit
         late = limit is not None and time.monotonic() - self.started >= limit
-        late, signum = agree_max([late, self.stop.received], self.accelerator.device)
+        late, signum = agree_max([late, self.stop.received])
         main = self.accelerator.is_main_process
         if signum:  # log, save the state, exit with the documented code (no final model: the kill may come soon)
             self.last_step, self.stopped_by = step, signum

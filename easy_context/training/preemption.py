@@ -41,7 +41,7 @@ class StopSignals:
 
         stop = StopSignals().install()    # main thread, before the work
         ...
-        if agree_max([stop.received], device)[0]:   # at a step boundary, on every rank
+        if agree_max([stop.received])[0]:   # at a step boundary, on every rank
             ...  # save and exit with EXIT_CODE
 
     ``received``: the signal's number, 0 before any. Later signals are ignored (the stop is under way). The
@@ -63,12 +63,30 @@ class StopSignals:
             self.received = signum
 
 
-def agree_max(values: Sequence[int], device: torch.device) -> list[int]:
-    """The element-wise maximum of ``values`` over every rank (one all-reduce; the values themselves without a
-    process group), so that every rank takes the same decision (stop, time out) after the same step."""
-    flags = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+_HOST_GROUP: list = []  # the process group agree_max reduces over on the host (one per process, made once)
+
+
+def _host_group():
+    """The world's ranks in a gloo group: the world group itself under gloo, else one made on first use (every rank
+    makes it at the same call: the first agreement), so that an agreement never waits on a GPU stream."""
+    dist = torch.distributed
+    if dist.get_backend() == "gloo":
+        return None
+    if not _HOST_GROUP:
+        from easy_context.core.groups import collective_timeout
+
+        _HOST_GROUP.append(dist.new_group(backend="gloo", timeout=collective_timeout()))
+    return _HOST_GROUP[0]
+
+
+def agree_max(values: Sequence[int]) -> list[int]:
+    """The element-wise maximum of ``values`` over every rank (one all-reduce of a few ints on the host, through gloo:
+    no GPU sync; the values themselves without a process group), so that every rank takes the same decision (stop,
+    time out) after the same step."""
+    flags = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_host_group())
     return [int(v) for v in flags.tolist()]
 
 
