@@ -2,10 +2,10 @@
 
 SLURM (``scancel``, ``--signal=USR1@120`` before the time limit, preemption), spot instances and Kubernetes stop a
 job with SIGTERM or SIGUSR1 and kill it seconds later. train.py installs :class:`StopSignals` on every rank: the
-first SIGTERM or SIGUSR1 only records its number. At each step boundary the ranks agree on it (one all-reduced int
-with the time limit's flag, :func:`agree_max`), so every rank stops after the same step, saves the resumable state
-(``state-stepN``, the atomic save of train_state) and exits with :data:`EXIT_CODE`; the same command with
-``--resume-from auto`` continues from that state.
+first SIGTERM or SIGUSR1 only records its number. At each step boundary (and once before the first step) the ranks
+agree on it (one all-reduce of two ints with the time limit's flag, on the host: :func:`agree_max`), so every rank
+stops after the same step, saves the resumable state (``state-stepN``, the atomic save of train_state) and exits with
+:data:`EXIT_CODE`; the same command with ``--resume-from auto`` continues from that state.
 
 A launcher passes the signal on: torchrun / ``accelerate launch`` forward SIGTERM to the ranks, and SIGUSR1 too once
 it is in ``PET_SIGNALS_TO_HANDLE`` (torchrun's ``--signals-to-handle``; otherwise SIGUSR1 kills the launcher and its
@@ -24,6 +24,8 @@ import threading
 from collections.abc import Sequence
 
 import torch
+
+from easy_context.core.groups import collective_timeout
 
 # sysexits.h EX_TEMPFAIL, "try again later": stopped by a signal with a resumable state saved. Not 143 (128 +
 # SIGTERM): a process killed by SIGTERM without saving reports that, and a requeue script must tell the two apart.
@@ -73,8 +75,6 @@ def _host_group():
     if dist.get_backend() == "gloo":
         return None
     if not _HOST_GROUP:
-        from easy_context.core.groups import collective_timeout
-
         _HOST_GROUP.append(dist.new_group(backend="gloo", timeout=collective_timeout()))
     return _HOST_GROUP[0]
 
