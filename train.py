@@ -15,5 +15,5 @@ from easy_context.train import (  # noqa: F401  (the names scripts and tests imp
 from easy_context.training.process_exit import exit_process
 
 if __name__ == "__main__":
-    main()
-    exit_process()  # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py)
+    # after the work: skips only torch's gloo teardown race (easy_context/process_exit.py); 75 after a stop signal
+    exit_process(main())

@@ -6,11 +6,17 @@ When every rank of a job stops on the same user error (``error: --seq-length 102
 same arguments and filters only its stderr:
 
 * an ``error: ...`` line printed by several ranks is shown once;
-* the launcher's ``ChildFailedError`` traceback and table become one line naming the ranks and exit codes;
+* the launcher's ``ChildFailedError`` traceback and table become one line naming the ranks and exit codes, its
+  ``SignalException`` traceback (it got a signal and passed it to the ranks) one line naming the signal;
 * torch elastic's log lines about stopping the other ranks are dropped once a rank printed an ``error:`` line.
 
 Everything else passes through unchanged and as it comes (a rank's own traceback, warnings, progress bars, the
-standard output), and the exit code is the launcher's. ``EASY_CONTEXT_LAUNCH_RAW=1`` turns the filter off::
+standard output), and the exit code is the launcher's. ``EASY_CONTEXT_LAUNCH_RAW=1`` turns the filter off.
+
+A scheduler's stop signal (SIGTERM, SIGUSR1: easy_context/training/preemption.py) sent to this process is passed
+to the launcher, which passes it to the ranks (SIGUSR1 too: ``PET_SIGNALS_TO_HANDLE`` is set to torch's default
+plus SIGUSR1 unless given); when the ranks stopped for it with their state saved, this command exits with
+``preemption.EXIT_CODE`` (75) whatever the launcher's own code (torch elastic ends with 1 after a signal)::
 
     easy-context-launch --config_file accelerate_configs/cpu_2proc.yaml train.py --model tiny-llama ...
     python -m easy_context.launch --num_processes 8 -m easy_context.train --config recipe.yaml
@@ -24,12 +30,17 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from easy_context.training import preemption
 
 RAW_ENV = "EASY_CONTEXT_LAUNCH_RAW"
 _ELASTIC_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/distributed/elastic/")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_SIGNALLED = re.compile(r"^torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: .* got signal: (\d+)")
 
 
 def _summary(report: list[str]) -> str:
@@ -43,6 +54,12 @@ def _summary(report: list[str]) -> str:
             failed[rank] = m.group(1)
     ranks = ", ".join(f"rank {r} exited with {code}" for r, code in sorted(failed.items())) or "a rank failed"
     return f"easy_context.launch: {ranks} (the launcher's report shortened; {RAW_ENV}=1 shows it)\n"
+
+
+def _signalled(signum: int) -> str:
+    """One line for the launcher's traceback after it got a signal (and passed it to the ranks)."""
+    return (f"easy_context.launch: the launcher got {preemption.signal_name(signum)} and passed it to the ranks (its "
+            f"traceback shortened; {RAW_ENV}=1 shows it)\n")  # fmt: skip
 
 
 def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
@@ -63,6 +80,10 @@ def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
                 continue
             if "ChildFailedError" in line:
                 in_report = True
+                continue
+            if m := _SIGNALLED.search(line):
+                yield _signalled(int(m.group(1)))
+                held = []
                 continue
             yield from held
             held = []
@@ -92,19 +113,42 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.split("\n\n")[1], "\n\naccelerate launch --help:\n")
         print(subprocess.run(cmd, capture_output=True, text=True).stdout)
         return 0
-    if os.environ.get(RAW_ENV) == "1":
-        return subprocess.call(cmd)
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
-    # newline="": a progress bar's "\r" ends a piece that is passed on as it is (not turned into a new line)
-    stderr = io.TextIOWrapper(proc.stderr, encoding="utf-8", errors="replace", newline="")
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher (same process group)
-    try:
-        for line in filter_launcher_stderr(stderr):
-            sys.stderr.write(line)
-            sys.stderr.flush()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return proc.wait()
+    raw = os.environ.get(RAW_ENV) == "1"
+    with tempfile.TemporaryDirectory(prefix="easy_context_launch-") as tmp:
+        stopped_file = str(Path(tmp) / "stopped.json")
+        env = {**os.environ, preemption.STOPPED_FILE_ENV: stopped_file}
+        env.setdefault(preemption.LAUNCHER_SIGNALS_ENV, preemption.LAUNCHER_SIGNALS)
+        proc = subprocess.Popen(cmd, env=env, stderr=None if raw else subprocess.PIPE)
+        previous = _pass_signals(proc)
+        try:
+            if not raw:
+                # newline="": a progress bar's "\r" ends a piece that is passed on as it is (not a new line)
+                stderr = io.TextIOWrapper(proc.stderr, encoding="utf-8", errors="replace", newline="")
+                for line in filter_launcher_stderr(stderr):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        stop = preemption.reported_stop(stopped_file)
+    return code if stop is None else stop["exit_code"]
+
+
+def _pass_signals(proc: subprocess.Popen) -> dict[int, object]:
+    """While ``proc`` (the launcher) runs: Ctrl-C is left to it (it is in this process group and gets it itself),
+    a stop signal is passed on to it. Returns the handlers to restore."""
+
+    def pass_on(signum: int, frame) -> None:
+        try:
+            proc.send_signal(signum)
+        except OSError:  # it has just ended
+            pass
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for sig in preemption.STOP_SIGNALS:
+        previous[sig] = signal.signal(sig, pass_on)
+    return previous
 
 
 def run() -> None:

@@ -44,12 +44,15 @@ from easy_context.training.flags import TRACKERS, check_tracker  # noqa: F401  (
 from easy_context.training.guard import RunGuard, exit_on
 from easy_context.training.metrics import MetricsLogger
 from easy_context.training.optim import build_optimizer
+from easy_context.training.preemption import StopSignals
 from easy_context.training.process_exit import run_program
 from easy_context.training.step import TrainStep, nonfinite_problem, split_batch, to_host  # noqa: F401  (as above)
 from easy_context.training.train_state import (
+    RESUME_AUTO,
     CheckpointError,
     DataLayout,
     EpochShuffleSampler,
+    last_good_checkpoint,
     load_training_state,
     model_fingerprint,
     read_training_position,
@@ -58,15 +61,19 @@ from easy_context.training.train_state import (
 )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Train; the exit code: 0, or preemption.EXIT_CODE after a stop signal (the state saved, resumable)."""
     started = time.monotonic()  # --time-limit counts from here (start-up and model loading included)
+    stop = StopSignals().install()  # SIGTERM / SIGUSR1 from here on: stop at a step boundary with the state saved
     args = parse_args(argv)
     accelerator = make_accelerator(args)
     check_launch(accelerator, args)
+    choose_resume_state(args, accelerator)  # --resume-from auto: the output dir's newest state, or none
     start_step, position = resume_position(args, accelerator.process_index)
     last_step = args.max_train_steps if args.stop_at_step is None else min(args.max_train_steps, args.stop_at_step)
     if start_step >= last_step:  # e.g. a re-queued job resuming a finished run: done before building anything
-        return nothing_to_train(args, accelerator, start_step, last_step)
+        nothing_to_train(args, accelerator, start_step, last_step)
+        return 0
     args.loss = resolve_loss(args, accelerator)  # "auto" made concrete once: run_config.json records what runs
     set_seed(args.seed)
     sp = sp_config(args)  # the backend, its options, the kernel and this rank's place: every layout question
@@ -88,10 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     step_tokens = tokens_per_step(args, sp)
     metrics = MetricsLogger(accelerator, args.output_dir, model.config, args.seq_length, step_tokens, start_step,
                             start_tokens=tokens)  # fmt: skip
-    guard = RunGuard(args, accelerator, started, last_step, record, layout)
+    guard = RunGuard(args, accelerator, started, last_step, record, layout, stop)
     train_step = TrainStep(accelerator, train_model, optimizer, scheduler, sp, balance_documents=args.balance_documents,
                            grad_clip=args.grad_clip, nonfinite=args.nonfinite,
                            max_skips_in_a_row=args.max_skips_in_a_row, skipped=skipped)  # fmt: skip
+
+    if guard.stop_before_start(start_step):  # a stop signal during start-up: nothing new to save
+        return guard.stopped()
 
     # the loop: one optimizer step of --gradient-accumulate-every micro-batches per iteration
     stream = micro_batch_stream(loader, sampler, skip=consumed)
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         batches = [next(stream) for _ in range(args.gradient_accumulate_every)]  # on the host
         loss = train_step(step + 1, batches)
         consumed, tokens = consumed + len(batches), tokens + step_tokens
-        last = guard.step_done(step + 1)  # --time-limit may make this step the last
+        last = guard.step_done(step + 1)  # --time-limit or a stop signal may make this step the last
         bar.update(1)
         if (step + 1) % args.log_every == 0 or last:
             show(bar, metrics.log(step + 1, loss, scheduler.get_last_lr()[0], train_step.skipped, train_step.grad_norm))
@@ -113,13 +123,17 @@ def main(argv: list[str] | None = None) -> None:
             break
     bar.close()
 
-    guard.save_final(train_model, tokenizer)
+    if not guard.stopped_by:  # after a stop signal only the state is saved: the kill may come soon
+        guard.save_final(train_model, tokenizer)
     for tracker in accelerator.trackers:  # not accelerator.end_training(): it destroys the world group while
         tracker.finish()  # the model still holds it, and freeing it later can deadlock (process_exit.py)
+    if guard.stopped_by:
+        return guard.stopped()
     if accelerator.is_main_process:
         what = "metrics in" if args.no_save else "saved"
         # the last step's loss on the tokens it trained (needle rows: only their answers), not an evaluation
         print(f"{what} {args.output_dir} (final loss {loss:.4f}: the last step's, on its trained tokens)")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -198,6 +212,18 @@ def cpu_defaults_warning(device: torch.device, args) -> str | None:
         return None
     return (f"warning: on CPU {' and '.join(slow)} are slow (tiny-llama measured 140-218 tokens/s with both, "
             "617-743 with --dtype float32 --checkpointing none); pass those unless you need the memory")  # fmt: skip
+
+
+def choose_resume_state(args, accelerator: Accelerator) -> None:
+    """``--resume-from auto``: the newest complete state of ``--output-dir`` (train_state.last_good_checkpoint), or
+    a start at step 0 when it has none: the same command starts a job and continues it once requeued. Any other
+    value is kept."""
+    if args.resume_from != RESUME_AUTO:
+        return
+    found = last_good_checkpoint(args.output_dir)
+    args.resume_from = None if found is None else str(found)
+    if accelerator.is_main_process:
+        print(f"--resume-from auto: {f'resuming from {found}' if found else f'no state in {args.output_dir} yet'}")
 
 
 def resume_position(args, process_index: int) -> tuple[int, dict | None]:

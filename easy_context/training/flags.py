@@ -160,9 +160,11 @@ def build_parser(description: str | None = None) -> cli.ArgumentParser:
         default=0,
         help="save a resumable state every N steps (0: only at end)",
     )
-    p.add_argument("--resume-from", default=None,
-                   help="a state dir written by --save-every / --stop-at-step (refused when --model, --seq-length or "
-                        "--parallel_mode differ from its run_config.json)")  # fmt: skip
+    p.add_argument("--resume-from", default=None, metavar="STATE_DIR|auto",
+                   help="a state dir written by --save-every / --stop-at-step / a stop signal (refused when --model or "
+                        "--seq-length differ from its run_config.json); auto: the newest complete state-stepN in "
+                        "--output-dir, or step 0 when there is none (one command starts a job and continues it after "
+                        "a requeue)")  # fmt: skip
     p.add_argument("--step-timeout", type=step_timeout, default="auto", metavar="S",
                    help="end the job (exit 124) when a rank makes no progress for S seconds, naming the rank and step: "
                         "a stuck rank or a dead launcher never hangs it. auto: 10x the slowest step so far, at least "

@@ -1,6 +1,7 @@
 """What keeps a training run bounded and resumable (easy_context/train.py): the step watchdog and its timeouts
-(``--step-timeout``), the time limit (``--time-limit``), the stop step (``--stop-at-step``) and the checkpoint saves
-(``--save-every``, the state at a stop, the final model)."""
+(``--step-timeout``), the time limit (``--time-limit``), the stop step (``--stop-at-step``), a scheduler's stop
+signal (SIGTERM / SIGUSR1: easy_context/training/preemption.py) and the checkpoint saves (``--save-every``, the
+state at a stop, the final model)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import sys
 import time
 from contextlib import contextmanager
 
-import torch
-
 from easy_context.cli import refuse
+from easy_context.training.preemption import EXIT_CODE, StopSignals, agree_max, report_stop, signal_name
 from easy_context.training.train_state import CheckpointError, DataLayout, save_hf_checkpoint, save_training_state
 from easy_context.training.watchdog import StepTimeout, Watchdog, parse_step_timeout
 
@@ -28,15 +28,6 @@ def exit_on(*errors: type[BaseException], flag: str = "", alike: bool = False):
         sys.exit(message)
 
 
-def out_of_time(started: float, limit_s: float, device: torch.device) -> bool:
-    """Whether ``limit_s`` seconds have passed since ``started`` (time.monotonic) on any rank: one all-reduced flag,
-    so that every rank stops after the same step."""
-    late = torch.tensor([time.monotonic() - started >= limit_s], dtype=torch.int32, device=device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
-    return bool(late.item())
-
-
 def save_state(accelerator, directory: str, step: int, consumed: int, skipped: int, record: dict | None,
                layout: DataLayout, tokens: int) -> None:  # fmt: skip
     """A resumable state with the run's record (its ``config``, which --resume-from checks), its data layout and
@@ -49,26 +40,33 @@ def save_state(accelerator, directory: str, step: int, consumed: int, skipped: i
 class RunGuard:
     """The run's bounds and saves, around the steps::
 
-        guard = RunGuard(args, accelerator, started, last_step, record, layout)
+        guard = RunGuard(args, accelerator, started, last_step, record, layout, stop)
         for step in range(start, guard.last_step):
             guard.step_begins()
             ...  # optimizer step step + 1
-            last = guard.step_done(step + 1)  # watchdog beat; --time-limit may make this step the last
+            last = guard.step_done(step + 1)  # watchdog beat; --time-limit or a stop signal may make it the last
             if guard.save_due(step + 1):
                 guard.save_state(step + 1, consumed, skipped, tokens)
             if last:
                 break
+        if guard.stopped_by:
+            return guard.stopped()  # a stop signal: the state is saved, no final model; exit with this code
         guard.save_final(model, tokenizer)
+
+    ``guard.stop_before_start(start)`` before the loop ends a run whose stop signal came during start-up.
 
     The watchdog (``--step-timeout``; 0: none) ends a rank that makes no progress within the bound: 10x the
     slowest step so far (auto) or fixed; the first step (compile, warm-up) and saves get ``max(S, 1800)`` s. It is
     left running until the process exits (a teardown that hangs ends too)."""
 
     def __init__(self, args, accelerator, started: float, last_step: int, record: dict | None,
-                 layout: DataLayout) -> None:  # fmt: skip
+                 layout: DataLayout, stop: StopSignals) -> None:  # fmt: skip
         self.args, self.accelerator, self.started = args, accelerator, started
-        self.last_step = last_step  # --max-train-steps or --stop-at-step; --time-limit may bring it forward
+        self.last_step = last_step  # --max-train-steps or --stop-at-step; --time-limit or a signal may bring it forward
         self.record, self.layout = record, layout
+        self.stop = stop  # the stop signals this rank received (installed at the start of the run)
+        self.stopped_by = 0  # the signal every rank agreed to stop for (0: none)
+        self.saved_state = args.resume_from  # the newest resumable state of this run (None: none yet)
         fixed, floor = parse_step_timeout(args.step_timeout)
         self.long_phase = max(fixed or 0, 1800)  # the first step (compile, warm-up) and checkpoint saves
         self.timeouts = StepTimeout(fixed, first_s=self.long_phase, floor_s=floor)  # fixed, or 10x the slowest step
@@ -76,17 +74,35 @@ class RunGuard:
             within_s=self.long_phase) if fixed != 0 else None  # fmt: skip  # a stuck rank or a dead launcher: no hang
         self._step_started = time.monotonic()
 
+    def stop_before_start(self, start_step: int) -> bool:
+        """Whether a stop signal came during start-up (on any rank; one all-reduce): then the run ends before
+        ``start_step + 1``, with nothing new to save."""
+        signum = agree_max([self.stop.received])[0]
+        if signum:
+            self.last_step, self.stopped_by = start_step, signum
+        return bool(signum)
+
     def step_begins(self) -> None:
         self._step_started = time.monotonic()
 
     def step_done(self, step: int) -> bool:
-        """Optimizer step ``step`` (1-based) is done: tell the watchdog; True when it is the run's last (with
-        ``--time-limit``, decided by every rank together)."""
+        """Optimizer step ``step`` (1-based) is done: tell the watchdog; True when it is the run's last: the planned
+        last step, or one after which a stop signal came or ``--time-limit`` passed on any rank (every rank takes
+        the same decision: one all-reduce of two ints per step)."""
         self._beat(step, self.timeouts.after(time.monotonic() - self._step_started))
+        if step >= self.last_step:
+            return True
         limit = self.args.time_limit
-        if limit is not None and step < self.last_step and out_of_time(self.started, limit, self.accelerator.device):
-            self.last_step = step  # every rank takes the same decision (all-reduced): log, save the state, stop
-            if self.accelerator.is_main_process:
+        late = limit is not None and time.monotonic() - self.started >= limit
+        late, signum = agree_max([late, self.stop.received])
+        main = self.accelerator.is_main_process
+        if signum:  # log, save the state, exit with the documented code (no final model: the kill may come soon)
+            self.last_step, self.stopped_by = step, signum
+            if main:
+                print(f"{signal_name(signum)} received: stopping after step {step} with a resumable state")
+        elif late:  # log, save the state and the model, stop
+            self.last_step = step
+            if main:
                 print(f"--time-limit {limit:g} s reached after step {step}: saving and stopping")
         return step == self.last_step
 
@@ -101,9 +117,24 @@ class RunGuard:
         """``OUTPUT_DIR/state-stepN``: the state after ``step`` with ``consumed`` micro-batches, ``skipped`` steps
         and ``tokens`` trained (under the watchdog's long bound)."""
         self._beat(step, self.long_phase, doing=f"saving state-step{step}")
-        save_state(self.accelerator, f"{self.args.output_dir}/state-step{step}", step, consumed, skipped, self.record,
-                   self.layout, tokens)  # fmt: skip
+        directory = f"{self.args.output_dir}/state-step{step}"
+        save_state(self.accelerator, directory, step, consumed, skipped, self.record, self.layout, tokens)
+        self.saved_state = directory
         self._beat(step, self.timeouts.current)
+
+    def stopped(self) -> int:
+        """After a stop signal (its step's state saved, or during start-up): say where the state is and how to go
+        on (main process), tell ``easy-context-launch`` (each node's local main process:
+        preemption.report_stop); the exit code."""
+        step, state, name = self.last_step, self.saved_state, signal_name(self.stopped_by)
+        self._beat(step, 300, doing="shutting down")
+        if self.accelerator.is_main_process:
+            where = f"state in {state}" if state else "nothing trained yet, no state"
+            print(f"stopped by {name} after step {step}: {where}; the same command with --resume-from auto "
+                  f"continues (exit {EXIT_CODE})")  # fmt: skip
+        if self.accelerator.is_local_main_process:
+            report_stop(self.stopped_by, step, state)
+        return EXIT_CODE
 
     def save_final(self, model, tokenizer) -> None:
         """The HF checkpoint in OUTPUT_DIR (unless ``--no-save``), then the watchdog's bound for the shutdown."""

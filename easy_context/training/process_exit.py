@@ -53,6 +53,6 @@ def exit_process(code: int = 0) -> NoReturn:
 
 def run_program(main: Callable[[], object]) -> NoReturn:
     """A script's entry point (console script or ``__main__``): ``main()``, then :func:`exit_process` after the work
-    (it skips only the process groups' teardown races)."""
-    main()
-    exit_process()
+    (it skips only the process groups' teardown races), with ``main``'s exit code when it returns an int."""
+    code = main()
+    exit_process(code if isinstance(code, int) else 0)

@@ -49,6 +49,7 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 STATE_JSON = "easy_context_state.json"
+RESUME_AUTO = "auto"  # --resume-from auto: the newest complete state of the output dir (last_good_checkpoint), if any
 RNG_STATE = "random_states_{}.pkl"
 _STATE_DIR = re.compile(r"state-step(\d+)$")
 _TEMP = re.compile(r"\.(.+)\.(tmp|old)$")  # .state-step4.tmp: a save under way; .state-step4.old: being replaced

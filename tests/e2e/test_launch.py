@@ -105,3 +105,22 @@ def test_a_bad_layout_is_refused_once_before_the_weights_load(tmp_path):
     assert "3 query heads are not divisible by the Ulysses degree 2" in errors[0], errors
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr[-3000:]
     assert "safetensors" not in res.stderr + res.stdout  # the weights were never read
+
+
+SIGNALLED = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/x/torch/distributed/elastic/agent/server/api.py", line 923, in _invoke_run
+    time.sleep(monitor_interval)
+  File "/x/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 16794 got signal: 10
+"""
+
+
+def test_the_launchers_traceback_after_a_signal_is_one_line():
+    """A stop signal the launcher passed to the ranks (tests/e2e/test_preemption.py) ends it with torch elastic's
+    SignalException traceback: one line naming the signal."""
+    out = list(filter_launcher_stderr(lines(ELASTIC + SIGNALLED + RANK_TRACEBACK)))
+    assert out[0] == ELASTIC and "".join(out[2:]) == RANK_TRACEBACK, out  # a rank's traceback stays whole
+    assert out[1] == ("easy_context.launch: the launcher got SIGUSR1 and passed it to the ranks (its traceback "
+                      "shortened; EASY_CONTEXT_LAUNCH_RAW=1 shows it)\n")  # fmt: skip

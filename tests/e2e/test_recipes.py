@@ -195,8 +195,10 @@ def test_shipped_recipes_parse_and_fit_their_gpus(tmp_path, monkeypatch, script)
     """Each train_scripts/ recipe (a YAML file plus its launch lines): every launch parses, extra flags after the
     script's name reach every stage, and each stage's length and layout pass the backend's check on 8 GPUs."""
     assert {p.name for p in (ROOT / "train_scripts").glob("*.sh")} == {*HEADS, "demo_cpu.sh", "demo_h200.sh",
-                                                                         "extend.sh", "extend_smollm2.sh"}  # fmt: skip
-    # (the demos and the extension recipe: tests/e2e/test_gemma_recipe.py runs the latter)
+                                                                         "extend.sh", "extend_smollm2.sh",
+                                                                         "slurm_requeue.sh"}  # fmt: skip
+    # (the demos and the extension recipe: tests/e2e/test_gemma_recipe.py runs the latter; the SLURM example:
+    # tests/e2e/test_preemption.py)
     monkeypatch.chdir(ROOT)  # the scripts run from the checkout's root
     calls = recorded_runs(tmp_path, script)
     stages = []

@@ -361,7 +361,7 @@ def test_stuck_rank_ends_the_training_job_within_the_bound(data_dir, tmp_path, m
     bound): rank 1 stops making progress after step 3; its watchdog (--step-timeout 8) ends it with one line naming
     the rank and the step, the launcher stops rank 0, and the job exits within the bound. Left on disk: the state of
     step 2, complete, no temp dir, no final model. The run is 2-rank zigzag under bf16 autocast with fp32 weights
-    (it crashed at the first attention call): steps 1-3 train, finite, the weights stay fp32."""
+    (it crashed at the first attention call): steps 1-3 train (1-2 logged), finite, the weights stay fp32."""
     from easy_context.training.train_state import check_training_state
 
     out = tmp_path / "run"
@@ -381,7 +381,8 @@ def test_stuck_rank_ends_the_training_job_within_the_bound(data_dir, tmp_path, m
     assert check_training_state(out / "state-step2")["step"] == 2
     assert leftovers(out) == [] and not (out / "model.safetensors").exists()
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in rows), rows
+    # rank 0 logs a step once every rank has ended it (the step boundary's agreement on a stop): step 3 is not
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
     assert json.loads((out / "run_config.json").read_text())["launch"]["mixed_precision"] == "bf16"
     weights = load_file(out / "state-step2" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}

@@ -52,8 +52,8 @@ PRELOAD = (
 # the zygote's runs in a fresh interpreter. Prefixes; the exceptions below are read when used (after the fork).
 IMPORT_TIME_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "LD_", "MKL", "KMP", "GOMP", "EC_",
                    "DS_", "DEEPSPEED", "CUDA", "XDG_", "HOME", "TMPDIR")  # fmt: skip
-READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TORCHELASTIC_", "TORCH_NCCL_",
-                  "ACCELERATE_", "EC_TEST_", "EC_EXTRAS")  # fmt: skip
+READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TORCHELASTIC_", "TORCH_ELASTIC_",
+                  "TORCH_NCCL_", "ACCELERATE_", "EC_TEST_", "EC_EXTRAS")  # fmt: skip
 CUSTOMIZE = ("sitecustomize", "usercustomize")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
            signal.SIGCONT)  # fmt: skip
