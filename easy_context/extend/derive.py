@@ -338,7 +338,7 @@ def derive(
     settings: dict[str, Any] = {"optim": setup.optim}
     why["pipeline.optim"] = "the planner: the first optimizer placement that fits (ddp, zero3, host_adamw, offloads)"
     if gpus > 1:
-        settings |= {"nproc": gpus, "parallel_mode": mode}
+        settings |= {"nproc": gpus}  # the backend: the top-level parallel_mode, its one place
     if native % multiple:  # the control trains at the native length: it would not shard
         settings["control"] = 0
         why["pipeline.control"] = (f"off: the native {format_length(native)} is no multiple of {multiple} "

@@ -275,8 +275,10 @@ def resume_mismatch(args: argparse.Namespace, state_dir: str | Path) -> str | No
             f"in {path}); resume with the recorded values, or start a new run from its model")  # fmt: skip
 
 
-# top-level flags the driving script reads as its own settings too (the main stage's length and RoPE base, steps)
-_SHELL_FROM_FLAGS = {"seq-length": "TARGET", "rope-theta": "THETA", "max-train-steps": "RECIPE_STEPS"}
+# top-level flags the driving script reads as its own settings too (the main stage's length, RoPE base and steps, the
+# backend it launches and the attention kernel it passes): a recipe says each once, at the top, where train.py reads it
+_SHELL_FROM_FLAGS = {"seq-length": "TARGET", "rope-theta": "THETA", "max-train-steps": "RECIPE_STEPS",
+                     "parallel-mode": "PARALLEL_MODE", "kernel": "KERNEL"}  # fmt: skip
 
 
 def _flag_tokens(flags: dict[str, Any]) -> list[str]:
@@ -314,19 +316,36 @@ def _shell_word(value: Any) -> str:
 def pipeline_settings(recipe: dict[str, Any], micro: bool = False) -> dict[str, Any]:
     """The driving script's settings of a recipe: its ``pipeline:`` mapping (``micro:`` inside it overrides the rest
     when ``micro``), over the values read from the top-level flags (seq-length -> target, rope-theta -> theta,
-    max-train-steps -> recipe_steps). Keys are lower case, ``-`` or ``_``."""
+    max-train-steps -> recipe_steps, parallel_mode, kernel). Keys are lower case, ``-`` or ``_``. ValueError (one
+    line naming both) when ``pipeline:`` gives one of those again with another value: a recipe has one answer."""
     section = recipe.get(PIPELINE_KEY) or {}
     if not isinstance(section, dict):
         raise ValueError(f"{PIPELINE_KEY}: expected a mapping of settings, got {section!r}")
     settings: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # setting -> the top-level key that gave it
     for flag, name in _SHELL_FROM_FLAGS.items():
         for spelling in (flag, flag.replace("-", "_")):
             if recipe.get(spelling) is not None:
-                settings[name.lower()] = recipe[spelling]
-    settings.update({k.replace("-", "_").lower(): v for k, v in section.items() if k != "micro"})
+                settings[name.lower()], spelled[name.lower()] = recipe[spelling], spelling
+    own = {k.replace("-", "_").lower(): v for k, v in section.items() if k != "micro"}
+    for key, top in spelled.items():
+        if own.get(key) is not None and not _same_value(own[key], settings[key]):
+            raise ValueError(f"the recipe sets {key} twice, {top}: {settings[key]} at the top and {PIPELINE_KEY}."
+                             f"{key}: {own[key]} under it; keep one (the top one: train.py reads it)")  # fmt: skip
+    settings.update(own)
     if micro:
         settings.update({k.replace("-", "_").lower(): v for k, v in (section.get("micro") or {}).items()})
     return settings
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two recipe values say the same (``65536`` and ``"65536"``, ``1e7`` and ``10000000``)."""
+    if str(a) == str(b):
+        return True
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def pipeline_shell(recipe: dict[str, Any], micro: bool = False) -> str:
