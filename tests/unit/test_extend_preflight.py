@@ -52,8 +52,8 @@ def test_the_kernel_each_stage_passes_is_one_that_runs_on_the_machine(recipe):
     assert run_kernels(s, Machine(HOPPER, fa4_imports=False))[0] == ("cudnn", "KERNEL_FALLBACK")
     assert run_kernels(s, None)[0] == ("cudnn", "KERNEL_FALLBACK")  # the machine unknown: no fa4
     assert run_kernels(settings(recipe, DEVICE="cpu"), None) == (("cpu", "DEVICE"), ("cpu", "DEVICE"))
-    assert run_kernels(settings(recipe, KERNEL="flash", EVAL_KERNEL="auto"), None) == (("flash", "KERNEL"),
-                                                                                      ("auto", "EVAL_KERNEL"))  # fmt: skip
+    chosen = run_kernels(settings(recipe, KERNEL="flash", EVAL_KERNEL="auto"), None)
+    assert chosen == (("flash", "KERNEL"), ("auto", "EVAL_KERNEL"))
     for machine in (Machine(HOPPER, True), Machine(AMPERE, True), None):
         assert machine_problem(s, machine) is None
     assert machine_problem(settings(recipe, DEVICE="cpu"), Machine(NO_GPU, False)) is None
