@@ -58,22 +58,23 @@ def _recipe_path(parser: argparse.ArgumentParser, argv: list[str]) -> str | None
     return found
 
 
-def load_recipe(path: str) -> dict[str, Any]:
-    """The key -> value mapping of a YAML recipe; raises ValueError (one line) for an unreadable or non-mapping file."""
+def load_recipe(path: str, flag: str = "--config") -> dict[str, Any]:
+    """The key -> value mapping of a YAML recipe; raises ValueError (one line, naming ``flag``: the option that gave
+    the path) for an unreadable or non-mapping file."""
     import yaml
 
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"--config {path}: not valid YAML ({' '.join(str(exc).split())})") from None
+        raise ValueError(f"{flag} {path}: not valid YAML ({' '.join(str(exc).split())})") from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        raise ValueError(f"--config {path}: expected a mapping of flag names to values, got {type(data).__name__}")
+        raise ValueError(f"{flag} {path}: expected a mapping of flag names to values, got {type(data).__name__}")
     return data
 
 
