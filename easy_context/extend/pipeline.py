@@ -488,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = resolve(recipe)
         layout = preflight(settings)  # a plan train.py would refuse stops here, before any stage
         env = child_env(settings, os.environ)
-        machine = probe_machine(python, env) if settings.device != "cpu" or settings.kernel else None
+        machine = probe_machine(python, env) if settings.device != "cpu" else None  # on CPU the settings decide
         problem = machine_problem(settings, machine)  # and what this machine cannot run
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
