@@ -15,7 +15,10 @@
 # (the gain over the best training-free baseline, and over STAGE_YARN's route). Each stage is skipped when its output is in
 # WORK, so the same command again continues. N GPUs: NPROC=N (PARALLEL_MODE); OPTIM: ddp, host_adamw or a ZeRO-3 placement (zero3,
 # zero3_offload_optimizer, zero3_offload). ONLY=before stops after the before-evaluations, ONLY=train after the
-# training stages. PY: the interpreter (default .venv/bin/python, else python3).
+# training stages. PY: the interpreter (default .venv/bin/python, else python3). A failed stage stops the run (no
+# stage starts after it) and exits 1 with one line naming it, its log and its error; KEEP_GOING=1 runs the stages
+# that do not need it and still exits 1. A kernel this machine cannot run (KERNEL, KERNEL_FALLBACK, EVAL_KERNEL; a
+# CUDA one without a GPU: DEVICE=cpu) is refused before any stage.
 # CPU check of every stage on a tiny random model of the recipe's architecture (numbers meaningless):
 #   DEVICE=cpu MICRO=1 bash train_scripts/extend.sh train_scripts/gemma3_256k.yaml
 set -uo pipefail

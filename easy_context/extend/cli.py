@@ -64,9 +64,12 @@ def build_parser() -> ArgumentParser:
     return ap
 
 
-def describe(derived: Derived, settings: Settings | None = None, host_note: str = "") -> str:
+def describe(derived: Derived, settings: Settings | None = None, host_note: str = "",
+             cut: Settings | None = None) -> str:  # fmt: skip
     """The stages as text: each one's train.py command, tokens, and the planner's bytes and time estimate; with the
-    pipeline's ``settings``, the data preparation, evaluations and control it runs besides (estimated)."""
+    pipeline's ``settings``, the data preparation, evaluations and control it runs besides (estimated); when the
+    evaluations take longer than the training, the settings that cut them with the estimate under ``cut`` (the
+    pipeline's settings with estimate.EVAL_CUTS)."""
     r = derived.recipe
     lines = [f"{r.run_name}: {format_length(derived.native)} -> {format_length(r.target)} on {derived.hardware}"
              f"{host_note}; RoPE base {r.rope_theta:.3g}, peak LR {r.learning_rate:g}"]  # fmt: skip
@@ -86,6 +89,10 @@ def describe(derived: Derived, settings: Settings | None = None, host_note: str 
     for extra in extras:
         lines.append(f"  {extra.name}: ~{format_seconds(extra.seconds)} ({extra.why})")
     total_s = train_s + sum(e.seconds for e in extras)
+    evals = next((e for e in extras if e.name == "evaluations"), None)
+    if evals and cut and estimate.evaluations_dominate(evals.seconds, train_s):
+        cut_evals = estimate.evaluations(derived.config, cut, derived.peak_flops, MFU)
+        lines.append(f"  {estimate.evaluation_cut(evals, cut_evals, train_s, int(settings.nproc), total_s)}")
     besides = " + data, evaluations" + (", control" if any(e.name == "control" for e in extras) else "")
     lines.append(f"  in all: {format_tokens(tokens)} tokens trained, ~{format_seconds(total_s)} (training "
                  f"{format_seconds(train_s)}{besides if extras else ''}); estimates at {MFU:.0%} of the "
@@ -103,16 +110,25 @@ def _extras(derived: Derived, settings: Settings, tokens: int) -> list[estimate.
     return out + ([control] if control else [])
 
 
-def pipeline_settings(recipe: Recipe, path: str | None) -> Settings | None:
-    """The pipeline's settings of ``recipe`` (written at ``path``, else in a temporary file) under this environment;
-    None when they do not resolve (the run would say why)."""
+def pipeline_settings(recipe: Recipe, path: str | None, overrides: dict[str, str] | None = None) -> Settings | None:
+    """The pipeline's settings of ``recipe`` (written at ``path``, else in a temporary file) under this environment
+    and ``overrides``; None when they do not resolve (the run would say why)."""
+    env = {**os.environ, **(overrides or {})}
     try:
         if path:
-            return resolve(path)
+            return resolve(path, env)
         with tempfile.TemporaryDirectory() as tmp:
-            return resolve(recipe.write(os.path.join(tmp, "recipe.yaml"), "for the estimate"))
+            return resolve(str(recipe.write(os.path.join(tmp, "recipe.yaml"), "for the estimate")), env)
     except (SettingsError, OSError, ValueError):
         return None
+
+
+def describe_plan(derived: Derived, path: str | None, host_note: str) -> str:
+    """:func:`describe` with the pipeline's settings of the recipe (at ``path``, else not written yet) and those
+    that cut its evaluations."""
+    recipe = derived.recipe
+    return describe(derived, pipeline_settings(recipe, path), host_note,
+                    pipeline_settings(recipe, path, estimate.EVAL_CUTS))  # fmt: skip
 
 
 def machine_memory() -> float:
@@ -120,17 +136,26 @@ def machine_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def describe_recipe(recipe: Recipe) -> str:
-    """A recipe file's stages as text: each one's length, steps, tokens and own train.py flags."""
-    optim = recipe.settings.get("optim", "ddp")
-    lines = [f"{recipe.run_name}: {format_length(recipe.base_length)} -> {format_length(recipe.target)}; RoPE base "
-             f"{recipe.rope_theta:.3g}, {recipe.parallel_mode}, optimizer {optim}"]  # fmt: skip
+def describe_recipe(recipe: Recipe, settings: Settings) -> str:
+    """A recipe file's run as the pipeline would start it (``settings``: the recipe under this environment): its
+    lengths, RoPE base, backend on its processes and optimizer, then each stage's length, steps, tokens and own
+    train.py flags."""
+    from easy_context.extend.preflight import recipe_layout
+
+    s = settings
+    layout = recipe_layout(s)
+    dp = max(1, layout.sequences)
+    lines = [f"{s.name}: {format_length(s.base_length)} -> {format_length(s.target)}; RoPE base "
+             f"{float(s.theta):.3g}, {layout.describe()}, optimizer {s.optim}"]  # fmt: skip
+    main_steps = int(s.steps or s.recipe_steps)
     for i, stage in enumerate(recipe.all_stages):
-        name = "main" if i == len(recipe.stages) else f"stage {i + 1}"
+        last = i == len(recipe.stages)
+        seq, steps = (s.target, main_steps) if last else (stage.seq_length, stage.steps)
         own = {k: v for k, v in stage.to_mapping().items() if k not in ("seq-length", "max-train-steps")}
         flags = " ".join(f"--{k} {v}" for k, v in own.items())
-        lines.append(f"  {name}: {format_length(stage.seq_length)} x {stage.steps} steps = "
-                     f"{format_tokens(stage.tokens)} tokens (one sequence a step); {flags}")  # fmt: skip
+        lines.append(f"  {'main' if last else f'stage {i + 1}'}: {format_length(seq)} x {steps} steps = "
+                     f"{format_tokens(seq * steps * dp)} tokens ({dp} sequence{'s' if dp > 1 else ''} a step); "
+                     f"{flags}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -200,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     micro = args.micro or os.environ.get("MICRO") == "1"
     if args.recipe:
         try:
-            recipe = Recipe.load(args.recipe)
+            recipe = Recipe.load(args.recipe, "--recipe")
             settings, layout = resolved(args.recipe, micro)
         except (OSError, ValueError) as exc:  # SettingsError included: a plan train.py would refuse
             ap.error(str(exc))
         if args.dry_run:
-            print(describe_micro(settings) if micro else describe_recipe(recipe))
+            print(describe_micro(settings) if micro else describe_recipe(recipe, settings))
             print(f"  {layout}")
             return 0
         return run_recipe(args.recipe, micro)
@@ -228,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if micro:  # the miniature's settings are the written recipe's, resolved: a file nobody keeps
             with tempfile.TemporaryDirectory() as tmp:
                 return _print_micro(ap, str(derived.recipe.write(os.path.join(tmp, "recipe.yaml"), header)))
-        print(describe(derived, pipeline_settings(derived.recipe, None), host_note))
+        print(describe_plan(derived, None, host_note))
         print(f"  {derived.layout}")
         return 0
     out = args.write_recipe or f"out/extend_{derived.recipe.run_name}/recipe.yaml"
@@ -238,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return _print_micro(ap, str(path))
     else:
-        print(describe(derived, pipeline_settings(derived.recipe, str(path)), host_note))
+        print(describe_plan(derived, str(path), host_note))
         print(f"  {derived.layout}")
     if args.dry_run:
         return 0

@@ -21,6 +21,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from easy_context.extend import estimate
+from easy_context.extend.advice import fitting_knobs
 from easy_context.extend.layout import LayoutError, PlanLayout, Run, next_multiple
 from easy_context.extend.micro import micro_section
 from easy_context.extend.recipe import Recipe, Stage, format_length
@@ -258,11 +259,7 @@ def derive(
     hardware = f"{gpus} x {card}, {_gb(host_bytes)} GB host"
     shape = _shape(config, str(label))
 
-    # the launch layout: the first candidate that fits the target and that train.py's layout check lets run (the
-    # heads split; the lengths are rounded up to the backend's multiple below), kept for every stage
-    chosen = next(((s, o, m, p) for s, o, m in _candidates(shape, gpus, gpu_bytes, host_bytes)
-                   if _runs(config, s, m) and (p := _fits(shape, s, o, m, next_multiple(target, _runs(config, s, m))))),
-                  None)  # fmt: skip
+    chosen = _choose(config, shape, target, gpus, gpu_bytes, host_bytes)
     if chosen is None:
         widest = Setup(gpus=gpus, gpu_mem=gpu_bytes, host_mem=host_bytes, optim="zero3_offload")
         best = max((best_prediction(shape, widest, m, o) for m in ("zigzag_ring_attn", "data_parallel")
@@ -270,8 +267,9 @@ def derive(
         longest = (f"the planner's longest is {best.max_seq:,} tokens ({best.mode}, {best.config}, zero3_offload)"
                    if best.max_seq >= 1 else "not one token fits: the weights and optimizer state alone exceed it, "
                    "even offloaded (zero3_offload)")  # fmt: skip
-        raise ValueError(f"{label} at {format_length(target)} tokens does not fit {hardware}: {longest}; next knob: "
-                         f"--gpus {gpus * 2} (a longer SP ring) or more --host-mem")  # fmt: skip
+        knobs = fitting_knobs(lambda g, gb, hb: _choose(config, shape, target, g, gb, hb) is not None, gpus,
+                              gpu_bytes, host_bytes)  # fmt: skip
+        raise ValueError(f"{label} at {format_length(target)} tokens does not fit {hardware}: {longest}; {knobs}")
     setup, _, mode, _ = chosen
     dp = gpus // setup.sp_size
     layout = _plan_layout(setup, mode)
@@ -331,7 +329,7 @@ def derive(
     settings: dict[str, Any] = {"optim": setup.optim}
     why["pipeline.optim"] = "the planner: the first optimizer placement that fits (ddp, zero3, host_adamw, offloads)"
     if gpus > 1:
-        settings |= {"nproc": gpus, "parallel_mode": mode}
+        settings |= {"nproc": gpus}  # the backend: the top-level parallel_mode, its one place
     if native % multiple:  # the control trains at the native length: it would not shard
         settings["control"] = 0
         why["pipeline.control"] = (f"off: the native {format_length(native)} is no multiple of {multiple} "
@@ -358,6 +356,15 @@ def derive(
         runs.append(Run("control", native))
     checked = layout.check(config, runs)  # derive picks only what passes: a failure here is a bug, not a user's
     return Derived(recipe, tuple(plans), native, hardware, spec, config, checked)
+
+
+def _choose(config: PretrainedConfig, shape: ModelShape, target: int, gpus: int, gpu_bytes: float,
+            host_bytes: float) -> tuple[Setup, Any, str, Prediction] | None:  # fmt: skip
+    """The launch layout: the first candidate that fits ``target`` and that train.py's layout check lets run (the
+    heads split; the lengths are rounded up to the backend's multiple), kept for every stage; None when none does."""
+    return next(((s, o, m, p) for s, o, m in _candidates(shape, gpus, gpu_bytes, host_bytes)
+                 if _runs(config, s, m) and (p := _fits(shape, s, o, m, next_multiple(target, _runs(config, s, m))))),
+                None)  # fmt: skip
 
 
 def _plan_layout(setup: Setup, mode: str) -> PlanLayout:

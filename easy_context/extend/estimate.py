@@ -9,6 +9,9 @@ easy_context.extend.settings) at a stated rate.
   the plan's MFU. The pipeline runs them beside the training: the total counts them in full, an upper bound.
 * The control (CONTROL=1): as many tokens as all stages, trained at the base length.
 * Not counted: the model's download, RULER's generated answers.
+
+When the evaluations take longer than the training (:func:`evaluations_dominate`), the plan names the settings that
+cut them (:data:`EVAL_CUTS`) with their estimate, and says that they run on one GPU whatever the run's GPU count.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from easy_context.training.flops import GPUS, Gpu, train_flops_per_token
 DATA_CHARS_PER_S = 1.6e8 / 69
 NEEDLE_DEPTH_INTERVAL = 0.25  # the pipeline's --depth_interval
 DISTRACTOR_SAMPLES = 2  # the needle with distractors: --num_samples 2 (base and extended models)
+# the pipeline settings that cut the evaluations most and keep the comparison of the base with the extended model:
+# no RULER, no needle beyond the trained length, no training-free baseline but the base, one needle sample
+EVAL_CUTS = {"RULER": "0", "LONG": "0", "BASELINES": "base", "SAMPLES": "1"}
 
 
 def gpu(name: str) -> Gpu:
@@ -129,3 +135,19 @@ def control(config: PretrainedConfig, settings: Settings, tokens: int, gpus: int
     seconds = tokens * train_flops_per_token(config, settings.base_length) / (gpus * peak_flops * mfu)
     return Extra("control", seconds, f"{format_tokens(tokens)} tokens at the base length "
                                      f"{settings.base_length:,}")  # fmt: skip
+
+
+def evaluations_dominate(evaluations_s: float, training_s: float) -> bool:
+    """Whether the evaluations' estimate exceeds the training's: then the plan names what cuts them."""
+    return evaluations_s > training_s
+
+
+def evaluation_cut(evals: Extra, cut: Extra, training_s: float, gpus: int, total_s: float) -> str:
+    """The plan's line when the evaluations dominate: where they run, and :data:`EVAL_CUTS`' estimate (``cut``) with
+    the plan's total (``total_s``) under it."""
+    where = (f"one GPU of the {gpus}: the pipeline starts each as one process, whatever --gpus" if gpus > 1 else
+             "one GPU: the pipeline starts each as one process")  # fmt: skip
+    settings = " ".join(f"{k}={v}" for k, v in EVAL_CUTS.items())
+    return (f"evaluations dominate (~{format_seconds(evals.seconds)} against ~{format_seconds(training_s)} of "
+            f"training) and run on {where}; {settings} cut them to ~{format_seconds(cut.seconds)} (in all "
+            f"~{format_seconds(total_s - evals.seconds + cut.seconds)})")  # fmt: skip

@@ -46,10 +46,26 @@ class PlanLayout:
         """Ranks per sequence group (train.py: --sp-size, else every process)."""
         return self.sp_size or self.nproc
 
+    @property
+    def shares_sequences(self) -> bool:
+        """Whether the ranks of an SP group share each sequence (the backend's rule); False for data_parallel."""
+        from easy_context.core.registry import get_seq_algo
+
+        return get_seq_algo(self.mode).distributed
+
+    @property
+    def sequences(self) -> int:
+        """Sequences a step trains (one per SP group; one per process under data_parallel); 0 when sp-size does not
+        divide the processes."""
+        if not self.shares_sequences:
+            return self.nproc
+        return self.nproc // self.sp if self.sp and self.nproc % self.sp == 0 else 0
+
     def describe(self) -> str:
-        dp = self.nproc // self.sp if self.sp and self.nproc % self.sp == 0 else 0
         given = "".join(f", {k} {v}" for k, v in self.options.items() if v is not None)
-        return f"{self.mode} on {self.nproc} process{'es' if self.nproc > 1 else ''} (SP {self.sp} x DP {dp}{given})"
+        sp = self.sp if self.shares_sequences else 1
+        processes = f"{self.nproc} process{'es' if self.nproc > 1 else ''}"
+        return f"{self.mode} on {processes} (SP {sp} x DP {self.sequences}{given})"
 
     def layout(self, config: Any | None) -> Layout:
         """The backend's layout for ``config``'s heads (None: heads unknown, only the options and the process count

@@ -6,7 +6,10 @@ The model, the data, the evaluations before (in the background, beside the data 
 stages and the main one, the control, a second stage, the evaluations after (each beside the next training), the
 needle beyond the trained length, RULER, and the summary. Every stage is skipped when its output is in WORK already,
 so the same command continues a run cut off (training resumes from its newest state, in chunks of TRAIN_CHUNK_S
-seconds). A failed stage is recorded in RESULTS/stages.tsv and the stages that do not need it still run. Settings:
+seconds). A failed stage is recorded in RESULTS/stages.tsv and stops the run: no stage starts after it, those running
+end, and the exit status is 1 with one line naming the stage, its log and its error (KEEP_GOING=1: the stages that do
+not need it still run; the exit status is still 1, one line per failed stage). What this machine cannot run (a CUDA
+kernel without CUDA, fa4 without Hopper) is refused before any stage (easy_context.extend.preflight). Settings:
 the recipe's ``pipeline:`` section under the environment (easy_context.extend.settings; extend.sh's header lists
 them). Commands run from the checkout's root with the interpreter PY (default .venv/bin/python, else python3).
 """
@@ -22,9 +25,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from easy_context.eval.gain import SHORTER_ROUTE
-from easy_context.extend.preflight import preflight
+from easy_context.extend.preflight import Machine, machine_problem, preflight, probe_machine, run_kernels
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
-from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
+from easy_context.extend.stages import (
+    Background,
+    StageFailed,
+    StageRunner,
+    newest_state,
+    training_finished,
+    wait_for_file,
+)
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +90,7 @@ class Pipeline:
     poll_s = 2.0  # how often a stage waiting for the background packing's data looks again
 
     def __init__(self, settings: Settings, python: str, extra: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 env: Mapping[str, str] | None = None, machine: Machine | None = None) -> None:  # fmt: skip
         self.s = settings
         self.py = python
         self.extra = list(extra)
@@ -89,7 +99,9 @@ class Pipeline:
         Path(settings.results).mkdir(parents=True, exist_ok=True)
         self.results = str(Path(settings.results).resolve())
         self.env = child_env(settings, os.environ if env is None else env)
-        self.runner = StageRunner(Path(self.work, "logs"), Path(self.results, "stages.tsv"), self.env)
+        self.runner = StageRunner(Path(self.work, "logs"), Path(self.results, "stages.tsv"), self.env,
+                                  keep_going=settings.keep_going)  # fmt: skip
+        self.machine = machine  # what PY reports of this machine (None: asked when the kernel is picked)
         self.log = self.runner.log
         self.kernel = settings.kernel
         self.eval_kernel = settings.eval_kernel
@@ -275,15 +287,12 @@ class Pipeline:
         return 0
 
     def pick_kernel(self) -> None:
-        """KERNEL: fa4 when it imports, else KERNEL_FALLBACK (cpu on CPU); the evaluations attend through it too
-        (the model's own attention builds length x length masks, which for sliding-window layers do not fit)."""
-        if not self.kernel:
-            self.kernel = "cpu" if self.s.device == "cpu" else self.s.kernel_fallback
-            probe = subprocess.run([self.py, "-c", "from flash_attn.cute import flash_attn_func"], env=self.env,
-                                   stderr=subprocess.DEVNULL)  # fmt: skip
-            if probe.returncode == 0:
-                self.kernel = "fa4"
-        self.eval_kernel = self.eval_kernel or self.kernel
+        """The training and evaluation kernels (preflight.run_kernels: KERNEL, else fa4 where it runs, else
+        KERNEL_FALLBACK, cpu on CPU); the evaluations attend through the training's unless EVAL_KERNEL (the model's
+        own attention builds length x length masks, which for sliding-window layers do not fit)."""
+        if self.machine is None and not self.s.kernel and self.s.device != "cpu":
+            self.machine = probe_machine(self.py, self.env)
+        (self.kernel, _), (self.eval_kernel, _) = run_kernels(self.s, self.machine)
 
     def lengths(self) -> list[int]:
         """The data's lengths in the order they are trained: stages, TARGET, TARGET2, the control's base length."""
@@ -415,7 +424,27 @@ class Pipeline:
                     tar.add(work / member, arcname=member)
 
     def run(self) -> int:
-        """Every stage in order; the exit status of the run (0 also when some stage failed: see stages.tsv)."""
+        """Every stage in order; the exit status of the run: 1 when a stage failed (one line each on stderr naming
+        the stage, its log and its error; unless KEEP_GOING=1 the first failure starts no further stage, and those
+        running end first), else what the stages decided."""
+        try:
+            rc = self.stages()
+        except StageFailed:
+            self.log(f"extend {self.s.name}: a stage failed; no stage starts after it (KEEP_GOING=1 runs the rest), "
+                     "waiting for those running")  # fmt: skip
+            self.background.wait()
+            rc = 1
+        for failure in self.runner.failures:
+            print(f"error: extend {self.s.name}: {failure.line()}", file=sys.stderr, flush=True)
+        return rc or (1 if self.runner.failures else 0)
+
+    def ended(self, what: str) -> str:
+        """The closing line ``what``, saying so when stages failed (KEEP_GOING=1 went on past them)."""
+        failed = len(self.runner.failures)
+        return f"{what}, but {failed} stage{'s' if failed > 1 else ''} failed (below)" if failed else what
+
+    def stages(self) -> int:
+        """Every stage in order; StageFailed from the first failed one unless KEEP_GOING=1."""
         s = self.s
         Path(self.results, "stages.tsv").write_text("")
         self.log(f"extend {s.name}: {s.model} -> {s.target} tokens (RoPE base {s.theta}) on {s.device} x {s.nproc}; "
@@ -434,7 +463,7 @@ class Pipeline:
         before = self.background.start(lambda: self.before(baselines), "before")
         if s.only == "before":
             self.background.wait([before, self.ruler_base])
-            self.log(f"extend {s.name}: before-evals done")
+            self.log(self.ended(f"extend {s.name}: before-evals done"))
             return 0
         lengths = self.lengths()
         if lengths:
@@ -444,7 +473,7 @@ class Pipeline:
         self.train_stages()
         if s.only == "train":
             self.background.wait()
-            self.log(f"extend {s.name}: training done" if self.trained("extended") else
+            self.log(self.ended(f"extend {s.name}: training done") if self.trained("extended") else
                      f"extend {s.name}: training stopped before its end (stages.tsv)")  # fmt: skip
             return 0
         if self.trained("extended"):
@@ -455,7 +484,7 @@ class Pipeline:
         self.second_stage()
         self.background.wait()
         self.summary()
-        self.log(f"extend {s.name}: done; results in {self.results}")
+        self.log(self.ended(f"extend {s.name}: done; results in {self.results}"))
         return 0
 
 
@@ -475,11 +504,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = resolve(recipe)
         layout = preflight(settings)  # a plan train.py would refuse stops here, before any stage
+        env = child_env(settings, os.environ)
+        machine = probe_machine(python, env) if settings.device != "cpu" else None  # on CPU the settings decide
+        problem = machine_problem(settings, machine)  # and what this machine cannot run
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if problem:
+        print(f"error: {recipe}: {problem}", file=sys.stderr)
+        return 2
     print(layout, flush=True)
-    return Pipeline(settings, python, argv).run()
+    return Pipeline(settings, python, argv, machine=machine).run()
 
 
 if __name__ == "__main__":

@@ -308,13 +308,14 @@ class Recipe:
         return out
 
     @classmethod
-    def load(cls, path: str | Path) -> Recipe:
-        """A recipe from a YAML file (one-line ValueError for an unreadable file or a bad value)."""
+    def load(cls, path: str | Path, flag: str = "--config") -> Recipe:
+        """A recipe from a YAML file (one-line ValueError for an unreadable file, naming ``flag``: the option that
+        gave the path, or for a bad value)."""
         try:
-            return cls.from_mapping(load_recipe(str(path)))
+            return cls.from_mapping(load_recipe(str(path), flag))
         except ValueError as exc:
             message = str(exc)
-            raise ValueError(message if message.startswith("--config") else f"{path}: {message}") from None
+            raise ValueError(message if message.startswith(flag) else f"{path}: {message}") from None
 
     def to_yaml(self, header: str = "") -> str:
         """The recipe as YAML text, each value with its :attr:`why` as a comment (``header``: comment lines first)."""

@@ -145,6 +145,7 @@ class Settings:
     only: str
     eval_partial: bool
     omp_num_threads: str
+    keep_going: bool = False  # KEEP_GOING=1: a failed stage does not stop the others (the exit status still says it)
     optim: str = "ddp"  # the planner's optimizer placement (easy_context.plan's --optim)
     stages: list[Stage] = field(default_factory=list)
     stage_yarn: bool = False  # the shorter route: the last stage's model, YaRN to TARGET, on the same prompts
@@ -261,6 +262,8 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
     samples = v.get("SAMPLES", "5")
     nproc = v.integer("NPROC", 1)
     target2 = v.get("TARGET2")
+    long = v.unless_set("LONG", str(target * 2))
+    long = "" if long == "0" else long  # 0 or empty: no needle beyond the trained length
     if micro and target2:  # CPU: the second stage at twice the miniature's target
         target2 = str(target * 2)
     settings = Settings(
@@ -300,7 +303,7 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         warmup2=v.get("WARMUP2", "5"),
         theta2=v.get("THETA2"),
         train2_s=v.get("TRAIN2_S", "300"),
-        long=v.unless_set("LONG", str(target * 2)),
+        long=long,
         long_min=v.get("LONG_MIN", str(target + target // 4)),
         long_step=v.get("LONG_STEP", str(target // 4)),
         long_samples=v.get("LONG_SAMPLES", samples),
@@ -322,6 +325,7 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
         only=v.get("ONLY"),
         eval_partial=v.get("EVAL_PARTIAL") == "1",
         omp_num_threads=v.get("OMP_NUM_THREADS", "2"),
+        keep_going=v.get("KEEP_GOING") == "1",
         optim=v.get("OPTIM", "ddp"),
         stages=stages,
         stage_yarn=v.get("STAGE_YARN") == "1",

@@ -1,19 +1,25 @@
 """The stage runner of the extension pipeline: each stage a command whose output goes to ``WORK/logs/NAME.log`` and
-whose exit status and seconds go to ``RESULTS/stages.tsv``; work beside the training in background threads; and the
-decisions about a training run's output folder (the newest complete state, whether it reached its steps).
+whose exit status and seconds go to ``RESULTS/stages.tsv``; a failed stage remembered as one line (its name, log and
+error) and, unless the run keeps going, no stage started after it; work beside the training in background threads;
+and the decisions about a training run's output folder (the newest complete state, whether it reached its steps).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# a log line that states an error: a Python exception (``RuntimeError: ...``), ``error: ...`` (argparse, our CLIs)
+_ERROR = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)|error|ERROR|fatal|FATAL)\b.*:")
 
 
 def training_finished(out: str | Path, steps: int) -> bool:
@@ -45,18 +51,51 @@ def last_lines(path: str | Path, count: int = 3) -> list[str]:
     return lines[-count:]
 
 
+def error_line(path: str | Path) -> str:
+    """A failed stage's error: the last line of its log that states one (``RuntimeError: ...``, ``error: ...``), else
+    its last line."""
+    lines = [line.strip() for line in last_lines(path, 200)]
+    errors = [line for line in lines if _ERROR.match(line)]
+    return (errors or lines or ["(its log is empty)"])[-1]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A stage that exited non-zero: its name, exit status, log and the error its log ends with."""
+
+    name: str
+    rc: int
+    log: Path
+    error: str
+
+    def line(self) -> str:
+        return f"stage {self.name} failed (rc {self.rc}, log {self.log}): {self.error}"
+
+
+class StageFailed(Exception):
+    """Raised by :meth:`StageRunner.run` for a failed stage, and for every stage asked to start after it, when the
+    run does not keep going: the pipeline stops there."""
+
+
 class StageRunner:
     """Runs the pipeline's commands, logs their start and end, and records each in stages.tsv (thread-safe: the
     evaluations run beside the training)."""
 
     def __init__(self, logs: str | Path, stages_tsv: str | Path, env: Mapping[str, str],
-                 echo: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 echo: Callable[[str], None] | None = None, keep_going: bool = True) -> None:  # fmt: skip
         self.logs = Path(logs)
         self.stages_tsv = Path(stages_tsv)
         self.env = dict(env)
+        self.keep_going = keep_going
+        self.failures: list[Failure] = []
         self.start = time.time()
         self._lock = threading.Lock()
         self._echo = echo or (lambda line: print(line, flush=True))
+
+    @property
+    def stopped(self) -> bool:
+        """Whether no further stage starts: one failed and the run does not keep going."""
+        return bool(self.failures) and not self.keep_going
 
     def log(self, message: str) -> None:
         """``[N s] message``: N seconds since the pipeline started."""
@@ -66,7 +105,10 @@ class StageRunner:
     def run(self, name: str, command: Sequence[str], stdin: str | None = None,
             env: Mapping[str, str] | None = None) -> int:  # fmt: skip
         """Run ``command`` as stage ``name``: its output into logs/NAME.log, its exit status returned and recorded
-        with its seconds in stages.tsv, the log's last lines echoed."""
+        with its seconds in stages.tsv, the log's last lines echoed. A failure is remembered (:attr:`failures`);
+        unless ``keep_going``, it raises :class:`StageFailed`, and so does every later call, starting nothing."""
+        if self.stopped:
+            raise StageFailed(f"{name}: not started, {self.failures[0].name} failed")
         self.log(f"{name}: start")
         t0 = time.time()
         log_path = self.logs / f"{name}.log"
@@ -89,6 +131,12 @@ class StageRunner:
             with self._lock:
                 for line in tail:
                     self._echo(f"    {name}| {line}")
+        if rc != 0:
+            failure = Failure(name, rc, log_path, error_line(log_path))
+            with self._lock:
+                self.failures.append(failure)
+            if not self.keep_going:
+                raise StageFailed(failure.line())
         return rc
 
 
@@ -102,6 +150,8 @@ class Background:
         def body() -> None:
             try:
                 work()
+            except StageFailed:  # the runner holds the failure; the pipeline reports it once
+                pass
             except Exception as exc:  # a background job's failure must not stop the others; say why it ended
                 print(f"{name or 'background'}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 

@@ -24,6 +24,7 @@ import torch
 from easy_context.kernels.base import SUPPORTS, AttnKernel, VariantError, default_scale, kernels_supporting
 from easy_context.kernels.cpu import CPU
 from easy_context.kernels.cuda_sdpa import CUDNN, EFFICIENT, FLASH
+from easy_context.kernels.fa4 import CAPABILITIES as FA4_CAPABILITIES
 from easy_context.kernels.fa4 import FA4
 from easy_context.kernels.fa4 import unavailable_reason as fa4_unavailable_reason
 from easy_context.kernels.flash_attn_pkg import FLASH_ATTN, flash_attn_available
@@ -42,8 +43,11 @@ SUPPORTS.update({name: frozenset(kern.supports) for name, kern in KERNELS.items(
 # fa4 (band blocks of sliding-window layers, soft-capping), instead of the explicit-softmax math kernel
 CUDA_PREFERENCE = ("fa4", "cudnn", "flash_attn", "flash", "efficient", "flex")
 
-__all__ = ["AttnKernel", "KERNELS", "KERNEL_NAMES", "VariantError", "default_scale", "get_kernel", "kernel_works",
-           "kernels_supporting"]  # fmt: skip
+# kernels that take CUDA tensors only (cpu: CPU tensors only; math and auto: any device)
+CUDA_ONLY = ("cudnn", "flash", "efficient", "flash_attn", "fa4", "flex")
+
+__all__ = ["AttnKernel", "CUDA_ONLY", "KERNELS", "KERNEL_NAMES", "VariantError", "default_scale", "get_kernel",
+           "kernel_works", "kernels_supporting", "machine_reason"]  # fmt: skip
 
 
 _PROBED: dict[tuple, bool] = {}
@@ -149,6 +153,31 @@ def _unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, hea
     if name in ("cudnn", "flash", "efficient") and device.type != "cuda":
         return "it needs CUDA tensors (a GPU build of torch)"
     return f"it does not support {dtype} with head_dim={head_dim} on {device.type} in this torch build"
+
+
+def machine_reason(name: str, device: str, capabilities: tuple[tuple[int, int], ...] | None = None,
+                   fa4_imports: bool | None = None) -> str | None:  # fmt: skip
+    """Why kernel ``name`` cannot run on ``device`` (``cuda`` or ``cpu``) of a machine whatever the model, from what
+    is known of it without a GPU call: ``capabilities``, the compute capability of each of its GPUs (empty: no CUDA
+    GPU; None: not known), ``fa4_imports`` (None: not known). None: nothing known forbids it (a probe call at run
+    time decides)."""
+    if name not in KERNELS:
+        return None  # auto, or a name train.py itself refuses
+    if name == "cpu":
+        return None if device == "cpu" else f"it runs on CPU tensors only, and the run is on {device}"
+    if name not in CUDA_ONLY:
+        return None
+    if device != "cuda":
+        return f"it needs CUDA tensors, and the run is on {device}"
+    if capabilities is not None and not capabilities:
+        return "it needs CUDA tensors, and this machine has no CUDA GPU (torch.cuda.is_available() is False)"
+    if name == "fa4":
+        if capabilities and any(major not in FA4_CAPABILITIES for major, _ in capabilities):
+            found = ", ".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
+            return f"it needs GPUs of compute capability 9.x or 10.x (Hopper, Blackwell); this machine's are {found}"
+        if fa4_imports is False:
+            return "flash_attn.cute (FlashAttention-4) does not import; install it with `pip install flash-attn-4`"
+    return None
 
 
 def get_kernel(

@@ -58,22 +58,23 @@ def _recipe_path(parser: argparse.ArgumentParser, argv: list[str]) -> str | None
     return found
 
 
-def load_recipe(path: str) -> dict[str, Any]:
-    """The key -> value mapping of a YAML recipe; raises ValueError (one line) for an unreadable or non-mapping file."""
+def load_recipe(path: str, flag: str = "--config") -> dict[str, Any]:
+    """The key -> value mapping of a YAML recipe; raises ValueError (one line, naming ``flag``: the option that gave
+    the path) for an unreadable or non-mapping file."""
     import yaml
 
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"--config {path}: not valid YAML ({' '.join(str(exc).split())})") from None
+        raise ValueError(f"{flag} {path}: not valid YAML ({' '.join(str(exc).split())})") from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        raise ValueError(f"--config {path}: expected a mapping of flag names to values, got {type(data).__name__}")
+        raise ValueError(f"{flag} {path}: expected a mapping of flag names to values, got {type(data).__name__}")
     return data
 
 
@@ -275,8 +276,10 @@ def resume_mismatch(args: argparse.Namespace, state_dir: str | Path) -> str | No
             f"in {path}); resume with the recorded values, or start a new run from its model")  # fmt: skip
 
 
-# top-level flags the driving script reads as its own settings too (the main stage's length and RoPE base, steps)
-_SHELL_FROM_FLAGS = {"seq-length": "TARGET", "rope-theta": "THETA", "max-train-steps": "RECIPE_STEPS"}
+# top-level flags the driving script reads as its own settings too (the main stage's length, RoPE base and steps, the
+# backend it launches and the attention kernel it passes): a recipe says each once, at the top, where train.py reads it
+_SHELL_FROM_FLAGS = {"seq-length": "TARGET", "rope-theta": "THETA", "max-train-steps": "RECIPE_STEPS",
+                     "parallel-mode": "PARALLEL_MODE", "kernel": "KERNEL"}  # fmt: skip
 
 
 def _flag_tokens(flags: dict[str, Any]) -> list[str]:
@@ -314,19 +317,36 @@ def _shell_word(value: Any) -> str:
 def pipeline_settings(recipe: dict[str, Any], micro: bool = False) -> dict[str, Any]:
     """The driving script's settings of a recipe: its ``pipeline:`` mapping (``micro:`` inside it overrides the rest
     when ``micro``), over the values read from the top-level flags (seq-length -> target, rope-theta -> theta,
-    max-train-steps -> recipe_steps). Keys are lower case, ``-`` or ``_``."""
+    max-train-steps -> recipe_steps, parallel_mode, kernel). Keys are lower case, ``-`` or ``_``. ValueError (one
+    line naming both) when ``pipeline:`` gives one of those again with another value: a recipe has one answer."""
     section = recipe.get(PIPELINE_KEY) or {}
     if not isinstance(section, dict):
         raise ValueError(f"{PIPELINE_KEY}: expected a mapping of settings, got {section!r}")
     settings: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # setting -> the top-level key that gave it
     for flag, name in _SHELL_FROM_FLAGS.items():
         for spelling in (flag, flag.replace("-", "_")):
             if recipe.get(spelling) is not None:
-                settings[name.lower()] = recipe[spelling]
-    settings.update({k.replace("-", "_").lower(): v for k, v in section.items() if k != "micro"})
+                settings[name.lower()], spelled[name.lower()] = recipe[spelling], spelling
+    own = {k.replace("-", "_").lower(): v for k, v in section.items() if k != "micro"}
+    for key, top in spelled.items():
+        if own.get(key) is not None and not _same_value(own[key], settings[key]):
+            raise ValueError(f"the recipe sets {key} twice, {top}: {settings[key]} at the top and {PIPELINE_KEY}."
+                             f"{key}: {own[key]} under it; keep one (the top one: train.py reads it)")  # fmt: skip
+    settings.update(own)
     if micro:
         settings.update({k.replace("-", "_").lower(): v for k, v in (section.get("micro") or {}).items()})
     return settings
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two recipe values say the same (``65536`` and ``"65536"``, ``1e7`` and ``10000000``)."""
+    if str(a) == str(b):
+        return True
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def pipeline_shell(recipe: dict[str, Any], micro: bool = False) -> str:

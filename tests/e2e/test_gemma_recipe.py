@@ -182,8 +182,12 @@ def test_extend_launches_n_processes_with_the_chosen_backend_and_the_control(tmp
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 2 and "4 query heads are not divisible by the Ulysses degree 8" in res.stderr
     assert res.stderr.count("\n") == 1 and not (tmp_path / "r" / "results").exists()
-    zigzag = train_calls(extend_commands(tmp_path / "z", "gemma3_256k.yaml", NPROC="2", TRAIN="0", CONTROL="1"))
-    assert [(a.seq_length, a.parallel_mode) for _, a in zigzag] == [(32768, "zigzag_ring_attn")]  # TRAIN=0: control
+    # NPROC alone keeps the recipe's backend (its top-level parallel_mode, one place); PARALLEL_MODE changes it
+    same = train_calls(extend_commands(tmp_path / "d", "gemma3_256k.yaml", NPROC="2", TRAIN="0", CONTROL="1"))
+    assert [(a.seq_length, a.parallel_mode) for _, a in same] == [(32768, "data_parallel")]  # TRAIN=0: control
+    zigzag = train_calls(extend_commands(tmp_path / "z", "gemma3_256k.yaml", NPROC="2", TRAIN="0", CONTROL="1",
+                                         PARALLEL_MODE="zigzag_ring_attn"))  # fmt: skip
+    assert [(a.seq_length, a.parallel_mode) for _, a in zigzag] == [(32768, "zigzag_ring_attn")]
 
 
 def test_extend_smollm2_is_the_recipe_of_one_model(tmp_path):

@@ -243,10 +243,16 @@ def test_gpt_oss_20b_to_128k_is_refused_it_is_native():
         derive(GPT_OSS_20B, 128 * K, gpus=8, gpu_mem="80GB", name="gpt-oss-20b")
 
 
-def test_a_target_past_the_planners_longest_is_refused_naming_the_next_knob():
-    with pytest.raises(ValueError, match=r"does not fit 1 x H100 \(80 GB, .*next knob: --gpus 2") as info:
-        derive(LLAMA3_8B, 4 << 20, gpus=1, gpu_mem="80GB", name="llama3")
+def test_a_target_past_the_planners_longest_is_refused_naming_the_knob_that_makes_it_fit():
+    """The advice names the fewest GPUs that fit (planned again here: that many fit, half as many do not)."""
+    with pytest.raises(ValueError, match=r"does not fit 1 x H100 \(80 GB, .*planned again, it fits with --gpus \d+$"
+                       ) as info:  # fmt: skip
+        derive(LLAMA3_8B, 1 << 20, gpus=1, gpu_mem="80GB", name="llama3")
     assert "\n" not in str(info.value)
+    gpus = int(str(info.value).rsplit(" ", 1)[1])
+    assert derive(LLAMA3_8B, 1 << 20, gpus=gpus, gpu_mem="80GB").recipe.target >= 1 << 20
+    with pytest.raises(ValueError, match="does not fit"):
+        derive(LLAMA3_8B, 1 << 20, gpus=gpus // 2, gpu_mem="80GB")
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

@@ -99,5 +99,8 @@ def test_nothing_fits_says_so_not_zero_tokens():
 def test_a_recipes_stages_read_as_tokens(tmp_path):
     from easy_context.extend.cli import describe_recipe
 
-    text = describe_recipe(Recipe.load("train_scripts/smollm2_64k.yaml"))
-    assert "main: 64K x 350 steps = 22.9M tokens (one sequence a step)" in text, text
+    path = "train_scripts/smollm2_64k.yaml"
+    text = describe_recipe(Recipe.load(path), resolve(path, {}))
+    assert "main: 64K x 350 steps = 22.9M tokens (1 sequence a step)" in text, text
+    text = describe_recipe(Recipe.load(path), resolve(path, {"NPROC": "2", "STEPS": "10"}))  # as it would run
+    assert "data_parallel on 2 processes" in text and "main: 64K x 10 steps = 1.31M tokens (2 sequences a step)" in text

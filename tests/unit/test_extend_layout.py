@@ -63,8 +63,8 @@ def test_every_derived_plan_passes_train_pys_layout_check_on_1_to_8_gpus():
                     assert "does not fit" in str(exc), exc  # too long for this hardware: the only refusal
                     continue
                 r = d.recipe
-                nproc, mode = r.settings.get("nproc", 1), r.settings.get("parallel_mode", "data_parallel")
-                assert r.parallel_mode == mode and r.target >= native * factor
+                nproc, mode = r.settings.get("nproc", 1), r.parallel_mode
+                assert "parallel_mode" not in r.settings and r.target >= native * factor  # one place: the top
                 for length in every_run(r):
                     train_py_accepts(config, mode, nproc, r.sp_size, length)
                 checked += 1

@@ -44,7 +44,10 @@ elif argv[:2] == ["-m", "easy_context.data"]:
 with open(os.environ["RECORD"], "a") as f:
     f.write(json.dumps({{"argv": argv, "t0": t0, "t1": time.time()}}) + "\\n")
 fail = os.environ.get("FAKE_FAIL")
-sys.exit(1 if fail and fail in " ".join(argv) else 0)
+if fail and fail in " ".join(argv) + " ":
+    print("Traceback (most recent call last):\\nRuntimeError: attention kernel 'cudnn' cannot run here: it needs "
+          "CUDA tensors\\n[rank0] exiting")
+    sys.exit(1)
 """
 
 RECIPE = """seq-length: 64
@@ -75,11 +78,11 @@ def fake(tmp_path, monkeypatch):
     base_env = {"PATH": "/usr/bin:/bin", "RECORD": str(record), "MODEL": str(tmp_path / "base"), "WORK": "w",
                 "CONTROL": "0"}  # fmt: skip
 
-    def run(**env: str) -> list[dict]:
+    def run(want_rc: int = 0, **env: str) -> list[dict]:
         full = {**base_env, **env}
         pipeline = pl.Pipeline(resolve("r.yaml", full), str(python), env=full)
         pipeline.poll_s = 0.05
-        assert pipeline.run() == 0
+        assert pipeline.run() == want_rc
         return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
 
     return run
@@ -201,13 +204,38 @@ def test_distractor_samples_set_the_distractor_needle_of_every_model_and_zero_dr
         resolve("r.yaml", {"DISTRACTOR_SAMPLES": "two"})
 
 
-def test_a_failed_stage_is_recorded_and_the_independent_ones_still_run(fake, tmp_path):
-    calls = fake(FAKE_FAIL="w/eval/yarn/needle")
+def test_keep_going_runs_the_stages_a_failure_does_not_stop_and_still_exits_1(fake, tmp_path, capsys):
+    calls = fake(want_rc=1, FAKE_FAIL="w/eval/yarn/needle", KEEP_GOING="1")
     tsv = stages_tsv(tmp_path)
     assert tsv["needle_yarn"] == "1" and "ppl_yarn" not in tsv  # its evaluation stops at the failure
     assert tsv["extended"] == "0" and tsv["needle_extended"] == "0" and tsv["summary"] == "0"
     assert not (tmp_path / "w" / "eval" / "yarn" / "done").exists()
     assert any("easy_context.eval.compare" in c["argv"] for c in calls)
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "error: extend r: stage needle_yarn failed (rc 1, log w/logs/needle_yarn.log): RuntimeError: attention "
+        "kernel 'cudnn' cannot run here: it needs CUDA tensors"
+    ]
+    assert "done; results in" in captured.out and "but 1 stage failed (below)" in captured.out
+
+
+def test_a_failed_stage_stops_the_run_with_one_line_naming_it_its_log_and_its_error(fake, tmp_path, capsys):
+    """Without KEEP_GOING the first failure starts no further stage (those already running end) and the run exits
+    1 with one line: the stage, its log, the last error line of its log."""
+    calls = fake(want_rc=1, FAKE_FAIL="w/eval/base/needle ", FAKE_TRAIN_S="0.3")
+    tsv = stages_tsv(tmp_path)
+    assert tsv["needle_base"] == "1" and "needle3_base" not in tsv and "summary" not in tsv
+    failed = next(c for c in calls if c["argv"][-1] == "w/eval/base/needle")
+    late = [c["argv"][:2] for c in calls if c["t0"] > failed["t1"] + 0.5]
+    assert not late, late  # nothing started after the failure
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "error: extend r: stage needle_base failed (rc 1, log w/logs/needle_base.log): RuntimeError: attention "
+        "kernel 'cudnn' cannot run here: it needs CUDA tensors"
+    ]
+    assert "done" not in captured.out.splitlines()[-1]
+    calls = fake(want_rc=0)[len(calls) :]  # the same command, the cause gone: continues (the base's needle again)
+    assert any(c["argv"][-1] == "w/eval/base/needle" for c in calls) and stages_tsv(tmp_path)["summary"] == "0"
 
 
 def test_the_control_trains_as_many_tokens_as_all_stages(fake, tmp_path):
