@@ -97,9 +97,10 @@ class Derived:
 
 def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> PretrainedConfig:
     """The text config of a config dict (``model_type`` and its fields), a PretrainedConfig, a local folder or
-    config.json, a name ``easy-context-fetch --list`` prints (its folder once fetched, else the config shipped with
-    the source), or a hub id already in the local cache (never downloads)."""
-    from easy_context.models.fetch import SOURCES, find_source
+    config.json, a name ``easy-context-fetch --list`` prints (its folder once it holds the source's model, else the
+    config shipped with the source: never a miniature's or another model's), or a hub id already in the local cache
+    (never downloads)."""
+    from easy_context.models.fetch import SOURCES, find_source, holds
 
     if isinstance(model, PretrainedConfig):
         return text_config(model)
@@ -111,7 +112,7 @@ def model_config(model: str | Mapping[str, Any] | PretrainedConfig) -> Pretraine
     source = find_source(model) if not os.path.exists(model) else None
     if source is not None:
         fetched = os.path.join(source.default_dest, "config.json")
-        return model_config(fetched if os.path.isfile(fetched) else source.config)
+        return model_config(fetched if holds(source) else source.config)
     path = os.path.dirname(model) if str(model).endswith("config.json") else model
     try:
         return text_config(AutoConfig.from_pretrained(path, local_files_only=True))

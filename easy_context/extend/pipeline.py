@@ -21,10 +21,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from easy_context.extend.micro import CAVEAT
 from easy_context.extend.preflight import preflight
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
 from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
+from easy_context.models.fetch import holds
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE = "usage: bash train_scripts/extend.sh RECIPE.yaml [train.py flags]"
@@ -36,6 +38,7 @@ MICRO_MODEL_SCRIPT = """import glob, json, sys
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from easy_context.data.tokenizer import train_byte_level_bpe
+from easy_context.extend.micro import write_marker
 from easy_context.models import load_model, match_special_tokens
 out, spec, length = sys.argv[1], sys.argv[2], int(sys.argv[3])
 texts = [open(f, encoding="utf-8").read() for f in sorted(glob.glob("PaulGrahamEssays/*.txt"))]
@@ -50,6 +53,7 @@ else:
     model = load_model(spec, vocab_size=len(tokenizer), max_position_embeddings=length)
 match_special_tokens(model, tokenizer)
 model.save_pretrained(out)
+write_marker(out)
 print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters -> {out}")
 """
 
@@ -256,13 +260,14 @@ class Pipeline:
     # --- the whole run -----------------------------------------------------------------------------------------
 
     def model_stage(self) -> int:
-        """The base model: a tiny random one (MICRO=1), else fetched unless MODEL holds one; 0, or the exit status
-        of a run that cannot go on."""
+        """The base model: a tiny random one (MICRO=1), else fetched unless MODEL holds it (the fetch source's model
+        when the recipe names one: the fetch replaces a miniature's, refuses another); 0, or the exit status of a run
+        that cannot go on."""
         s, config = self.s, os.path.join(self.s.model, "config.json")
         if s.micro and not os.path.isfile(config):
             self.run_stage("model", [self.py, "-", s.model, s.micro_model, str(s.base_length)],
                            stdin=MICRO_MODEL_SCRIPT)  # fmt: skip
-        elif not os.path.isfile(config) and not s.model.endswith(".gguf"):
+        elif not s.model.endswith(".gguf") and not (holds(s.fetch, s.model) if s.fetch else os.path.isfile(config)):
             if not s.fetch:
                 self.log(f"extend {s.name}: no model at {s.model} and the recipe names none to fetch")
                 return 1
@@ -381,7 +386,7 @@ class Pipeline:
         after = ["--after", "extended"] if os.path.isfile(self.path("eval", "extended", "done")) else []
         self.run_stage("summary", [self.py, "-m", "easy_context.eval.compare", *args, "--base-length",
                                    str(s.base_length), "--target-length", str(s.target), *after, *metrics, "--output",
-                                   self.results])  # fmt: skip
+                                   self.results, *(["--caveat", CAVEAT] if s.micro else [])])  # fmt: skip
         summary_md = Path(self.results, "summary.md")
         if summary_md.is_file():
             print(summary_md.read_text(), end="", flush=True)
