@@ -21,12 +21,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from easy_context.extend.fingerprint import done_for, fingerprint, mark_done, recorded
 from easy_context.extend.micro import CAVEAT
 from easy_context.extend.preflight import preflight
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
 from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
-from easy_context.models.fetch import holds
+from easy_context.models.fetch import other_model
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE = "usage: bash train_scripts/extend.sh RECIPE.yaml [train.py flags]"
@@ -116,11 +117,12 @@ class Pipeline:
     def evaluate(self, name: str, model: str) -> bool:
         """Needle, the needle with 3 distractors (DISTRACTOR_SAMPLES; 0: none), perplexity (short windows and by
         length) of ``model`` into WORK/eval/NAME (the same prompts for every model), and for the base and the extended
-        models the fixed prompts; skipped when its ``done`` marker is there, marked done only when every part succeeded
-        (each part runs only after the previous one did)."""
+        models the fixed prompts; skipped when its ``done`` marker is there for ``model`` (one of another model runs
+        it again: easy_context.extend.fingerprint), marked done only when every part succeeded (each part runs only
+        after the previous one did)."""
         out = self.path("eval", name)
         flags = baseline_args(name, self.s)
-        if os.path.isfile(os.path.join(out, "done")):
+        if done_for(os.path.join(out, "done"), model, (), self.log, f"eval {name}"):
             self.log(f"eval {name}: done already")
             return True
         os.makedirs(out, exist_ok=True)
@@ -146,7 +148,7 @@ class Pipeline:
         for stage, command in steps:
             if self.run_stage(stage, command) != 0:
                 return False
-        Path(out, "done").touch()
+        mark_done(os.path.join(out, "done"), model)
         return True
 
     def ruler(self, name: str, model: str, longest: int) -> None:
@@ -156,18 +158,20 @@ class Pipeline:
         out = self.path("eval", name, "ruler")
         if not self.s.ruler:
             return
-        if os.path.isfile(os.path.join(out, "results.json")):
+        marker, results = os.path.join(out, "done"), os.path.join(out, "results.json")
+        if done_for(marker, model, [results], self.log, f"ruler {name}") and os.path.isfile(results):
             self.log(f"ruler {name}: done already")
             return
         flags = baseline_args(name, self.s)
         base_results = self.path("eval", "base", "ruler", "results.json")
         threshold = ["--threshold_from", base_results] if name != "base" and os.path.isfile(base_results) else []
-        self.run_stage(f"ruler_{name}", [
+        if self.run_stage(f"ruler_{name}", [
             self.py, "eval_ruler.py", "--model", model, *flags, "--kernel", self.eval_kernel, "--tasks",
             self.s.ruler_tasks, "--lengths",
             self.s.ruler_lengths_to(longest), "--num_samples", self.s.ruler_samples, "--max_new_tokens",
             self.s.ruler_max_new, "--haystack_dir", "PaulGrahamEssays", "--native_length", self.s.ruler_native,
-            *threshold, "--output-dir", out])  # fmt: skip
+            *threshold, "--output-dir", out]) == 0:  # fmt: skip
+            mark_done(marker, model)
 
     def before(self, baselines: Sequence[str]) -> None:
         """Each baseline's evaluations, the base's needle beyond the trained length with YaRN at the full factor
@@ -191,14 +195,16 @@ class Pipeline:
         for scaling in self.s.long_scaling_list() if scalings is None else scalings:
             tag = scaling.replace(":", "_")
             out = self.path("eval", name, f"long_{tag}")
-            if os.path.isfile(os.path.join(out, "results.csv")):
+            marker, results = os.path.join(out, "done"), os.path.join(out, "results.csv")
+            if done_for(marker, model, [results], self.log, f"needle_long_{name}_{tag}") and os.path.isfile(results):
                 continue
             rope = ["--rope_scaling", scaling] if scaling != "none" else []
-            self.run_stage(f"needle_long_{name}_{tag}", [
+            if self.run_stage(f"needle_long_{name}_{tag}", [
                 self.py, "eval_needle.py", "--model", model, "--kernel", self.eval_kernel, "--depth_interval", "0.25",
                 *rope, "--min_context_length", self.s.long_min, "--max_context_length", self.s.long,
                 "--context_interval", self.s.long_step, "--num_samples", self.s.long_samples, "--output-dir",
-                out])  # fmt: skip
+                out]) == 0:  # fmt: skip
+                mark_done(marker, model)
 
     # --- data and training -------------------------------------------------------------------------------------
 
@@ -267,7 +273,7 @@ class Pipeline:
         if s.micro and not os.path.isfile(config):
             self.run_stage("model", [self.py, "-", s.model, s.micro_model, str(s.base_length)],
                            stdin=MICRO_MODEL_SCRIPT)  # fmt: skip
-        elif not s.model.endswith(".gguf") and not (holds(s.fetch, s.model) if s.fetch else os.path.isfile(config)):
+        elif not s.model.endswith(".gguf") and (not os.path.isfile(config) or other_model(s.fetch, s.model)):
             if not s.fetch:
                 self.log(f"extend {s.name}: no model at {s.model} and the recipe names none to fetch")
                 return 1
@@ -360,12 +366,14 @@ class Pipeline:
 
         def beyond() -> None:
             out = self.path("eval", last, "needle_long")
-            if not os.path.isfile(os.path.join(out, "results.csv")):
-                self.run_stage(f"needle_long_{last}", [
+            marker, results = os.path.join(out, "done"), os.path.join(out, "results.csv")
+            if not (done_for(marker, model, [results], self.log, f"needle_long_{last}") and os.path.isfile(results)):
+                if self.run_stage(f"needle_long_{last}", [
                     self.py, "eval_needle.py", "--model", model, "--kernel", self.eval_kernel, "--depth_interval",
                     "0.25", "--min_context_length", str(s.target + s.target // 4), "--max_context_length", s.target2,
                     "--context_interval", str(s.target // 4), "--num_samples", s.samples, "--output-dir",
-                    out])  # fmt: skip
+                    out]) == 0:  # fmt: skip
+                    mark_done(marker, model)
             self.after_base_ruler()
             self.ruler(last, model, target2)
 
@@ -377,13 +385,13 @@ class Pipeline:
         s = self.s
         args: list[str] = []
         for name in (*SUMMARY_MODELS, *([f"extended_{s.target2}"] if s.target2 else [])):
-            if os.path.isfile(self.path("eval", name, "done")):
+            if self.evaluated(name):
                 args += ["--model", f"{name}={self.path('eval', name)}"]
         metrics: list[str] = []
         for folder in (*self.stage_dirs, self.path("extended")):
             if os.path.isfile(os.path.join(folder, "metrics.jsonl")):
                 metrics += ["--train-metrics", folder]
-        after = ["--after", "extended"] if os.path.isfile(self.path("eval", "extended", "done")) else []
+        after = ["--after", "extended"] if self.evaluated("extended") else []
         self.run_stage("summary", [self.py, "-m", "easy_context.eval.compare", *args, "--base-length",
                                    str(s.base_length), "--target-length", str(s.target), *after, *metrics, "--output",
                                    self.results, *(["--caveat", CAVEAT] if s.micro else [])])  # fmt: skip
@@ -391,6 +399,11 @@ class Pipeline:
         if summary_md.is_file():
             print(summary_md.read_text(), end="", flush=True)
         self.write_logs_archive()
+
+    def evaluated(self, name: str) -> bool:
+        """Whether WORK/eval/NAME is done for the model it names now (a baseline: MODEL; else WORK/NAME)."""
+        model = self.path(name) if name == "control" or name.startswith("extended") else self.s.model
+        return recorded(self.path("eval", name, "done")) == fingerprint(model)
 
     def write_logs_archive(self) -> None:
         """RESULTS/logs.tgz: the logs, the evaluations, and each training run's metrics and flags."""

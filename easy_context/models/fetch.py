@@ -175,14 +175,15 @@ def get_source(name: str) -> Source:
     raise SystemExit(f"error: unknown model {name!r}; known: {known} (easy-context-fetch --list describes them)")
 
 
-def other_model(source: Source, dest: str) -> str | None:
-    """What ``dest`` holds instead of ``source``'s model, in words (None when it holds the source's model, or no
-    config.json): a CPU miniature's random model, or a model whose config.json's shape (:data:`SHAPE_KEYS`) differs
-    from the source's shipped config."""
+def other_model(source: Source | str, dest: str) -> str | None:
+    """What ``dest`` holds instead of ``source``'s model (a row or a name), in words; None when it holds the source's
+    model, or no config.json, or the name is no source. Another model: a CPU miniature's random model, or a model
+    whose config.json's shape (:data:`SHAPE_KEYS`) differs from the source's shipped config."""
     from easy_context.extend.micro import MARKER, is_miniature
 
+    source = find_source(source) if isinstance(source, str) else source
     path = os.path.join(dest, "config.json")
-    if not os.path.isfile(path):
+    if source is None or not os.path.isfile(path):
         return None
     if is_miniature(dest):
         return f"a CPU miniature's random model ({MARKER})"
@@ -201,12 +202,10 @@ def other_model(source: Source, dest: str) -> str | None:
 
 def holds(source: Source | str, dest: str | None = None) -> bool:
     """Whether ``dest`` (default: the source's) holds ``source``'s converted model: config.json, weights, and no sign
-    of another model (:func:`other_model`). False for an unknown source name (fetching it says why)."""
+    of another model (:func:`other_model`)."""
     from easy_context.models.source import is_hf_folder
 
-    source = find_source(source) if isinstance(source, str) else source
-    if source is None:
-        return False
+    source = get_source(source) if isinstance(source, str) else source
     dest = dest or source.default_dest
     return is_hf_folder(dest) and other_model(source, dest) is None
 
