@@ -134,3 +134,21 @@ def test_an_evaluation_of_another_model_runs_again(run, capsys):
     assert "eval base: done already" in log and "eval yarn: its results are of another model (no model recorded" in log
     assert [argv[argv.index("--output-dir") + 1] for argv in calls if argv[0] == "eval_needle.py"] == [
         "out/extend_r/eval/yarn/needle", "out/extend_r/eval/yarn/needle3"]  # fmt: skip
+
+
+def test_micro_writes_its_recipe_in_its_own_folder(tmp_path, monkeypatch, capsys):
+    """``--micro`` writes the recipe into the miniature's work folder (out/extend_NAME-micro), never the real one's,
+    and its dry run names its own folders."""
+    from easy_context.extend import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256)))  # fmt: skip
+    ran = []
+    monkeypatch.setattr(cli, "run_recipe", lambda path, micro=False: ran.append((path, micro)) or 0)
+    assert cli.main(["--model", str(tmp_path / "m"), "--to", "1K", "--micro"]) == 0
+    assert ran == [("out/extend_m_1K-micro/recipe.yaml", True)] and not (tmp_path / "out" / "extend_m_1K").exists()
+    assert cli.main(["--recipe", ran[0][0], "--micro", "--dry-run"]) == 0
+    assert "its own folders: work out/extend_m_1K-micro, model out/extend_m_1K-micro/base" in capsys.readouterr().out
