@@ -21,11 +21,18 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from easy_context.extend.fingerprint import done_for, fingerprint, mark_done, recorded
+from easy_context.extend.fingerprint import (
+    done_for,
+    fingerprint,
+    mark_done,
+    recorded,
+    set_aside_other_training,
+    tokenizer_fingerprint,
+)
 from easy_context.extend.micro import CAVEAT
 from easy_context.extend.preflight import preflight
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
-from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_for_file
+from easy_context.extend.stages import Background, StageRunner, newest_state, training_finished, wait_until
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
 from easy_context.models.fetch import other_model
 
@@ -209,8 +216,10 @@ class Pipeline:
     # --- data and training -------------------------------------------------------------------------------------
 
     def pack(self, seq: int, out: str) -> None:
-        """The corpus packed into rows of SEQ+1 tokens (RECALL of them with recall records); skipped when packed."""
-        if os.path.isfile(os.path.join(out, "dataset_info.json")):
+        """The corpus packed into rows of SEQ+1 tokens (RECALL of them with recall records); skipped when packed with
+        MODEL's tokenizer (its marker OUT.done; data of another tokenizer is packed again)."""
+        marker, packed = f"{out}.done", os.path.join(out, "dataset_info.json")
+        if done_for(marker, self.s.model, [out], self.log, f"data_{seq}", tokenizer=True) and os.path.isfile(packed):
             return
         corpus = self.path("code.jsonl")
         if not os.path.isfile(corpus):
@@ -221,19 +230,29 @@ class Pipeline:
             str(seq), "--output", out, "--recall-fraction", self.s.recall, "--recall-records", "32",
             "--recall-questions", "16", "--recall-kinds", self.s.recall_kinds, "--num-proc", self.s.num_proc,
             "--max-memory-gb", "48", "--no-progress"])  # fmt: skip
+        if os.path.isfile(packed):
+            mark_done(marker, self.s.model, tokenizer=True)
+
+    def packed(self, seq: int) -> bool:
+        """Whether WORK/data_SEQ is packed with MODEL's tokenizer."""
+        return recorded(self.path(f"data_{seq}.done")) == tokenizer_fingerprint(self.s.model)
 
     def wait_data(self, seq: int) -> None:
-        wait_for_file(self.path(f"data_{seq}", "dataset_info.json"), self.packing, self.poll_s)
+        """Until WORK/data_SEQ is packed with MODEL's tokenizer, or the background packing has ended without it."""
+        wait_until(lambda: self.packed(seq), self.packing, self.poll_s)
 
     def train_run(self, name: str, seq: int, rows: int, source: str | None = None, steps: str | None = None,
                   chunk: str | None = None, flags: Sequence[str] = ()) -> None:  # fmt: skip
         """The recipe at ``seq`` tokens from MODEL (or ``source``) into WORK/NAME for one chunk of TRAIN_CHUNK_S
         (or ``chunk``) seconds, resumed from its newest state; marked ``train_done`` once it logged its steps
-        (``steps``, else STEPS, else the recipe's). Nothing to do without its data or once done."""
+        (``steps``, else STEPS, else the recipe's). Nothing to do without its data or once done; a WORK/NAME trained
+        from another model is set aside first (easy_context.extend.fingerprint)."""
         data, out = self.path(f"data_{seq}"), self.path(name)
         source, steps, chunk = source or self.s.model, steps or self.s.steps, chunk or self.s.train_chunk_s
-        packed, done = os.path.join(data, "dataset_info.json"), os.path.join(out, "train_done")
-        if not os.path.isfile(packed) or os.path.isfile(done):
+        if not self.packed(seq):
+            return
+        set_aside_other_training(out, source, self.log, name)
+        if os.path.isfile(os.path.join(out, "train_done")):
             return
         state = newest_state(out)
         if state:

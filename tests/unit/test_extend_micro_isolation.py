@@ -152,3 +152,34 @@ def test_micro_writes_its_recipe_in_its_own_folder(tmp_path, monkeypatch, capsys
     assert ran == [("out/extend_m_1K-micro/recipe.yaml", True)] and not (tmp_path / "out" / "extend_m_1K").exists()
     assert cli.main(["--recipe", ran[0][0], "--micro", "--dry-run"]) == 0
     assert "its own folders: work out/extend_m_1K-micro, model out/extend_m_1K-micro/base" in capsys.readouterr().out
+
+
+def test_data_and_training_of_another_model_are_done_again(run, capsys):
+    """Packed data belongs to MODEL's tokenizer, a training run to the model it started from: after the model is
+    replaced (another tokenizer, another shape: what an older miniature left in the real folder) the data is packed
+    again and the training folder is set aside and trained afresh, each said in one log line. A training folder from
+    before the markers is kept (resumed) when its model has the source's shape, set aside otherwise."""
+    run(ONLY="train")
+    assert Path("out/extend_r/data_64.done").read_text().strip() and Path("out/extend_r/extended/source").is_file()
+    capsys.readouterr()
+    Path("models/tiny/tokenizer.json").write_text('{"model": "a 1000-token BPE"}')
+    Path("models/tiny/config.json").write_text('{"num_hidden_layers": 2}')
+    calls, _ = run(ONLY="train")
+    log = capsys.readouterr().out
+    assert "data_64: its results are of another model" in log
+    assert ("extended: out/extend_r/extended was trained from another model than models/tiny; moved to "
+            "out/extend_r/extended.other-model, training afresh") in log  # fmt: skip
+    assert [argv[argv.index("--seq-length") + 1] for argv in calls if "easy_context.data" in argv] == ["64"]
+    assert any(argv[0] == "train.py" and "--resume-from" not in argv for argv in calls)
+
+    extended = Path("out/extend_r/extended")
+    for name in ("source", "train_done"):  # a folder trained before the markers, its model of the source's shape
+        (extended / name).unlink()
+    (extended / "config.json").write_text('{"num_hidden_layers": 2}')
+    run(ONLY="train")
+    assert "extended: resumes from" in capsys.readouterr().out
+    (extended / "source").unlink()
+    (extended / "train_done").unlink()
+    (extended / "config.json").write_text('{"num_hidden_layers": 30}')  # another shape than the source's
+    run(ONLY="train")
+    assert "extended: out/extend_r/extended was trained from another model" in capsys.readouterr().out
