@@ -107,6 +107,7 @@ class Pipeline:
         self.packing: threading.Thread | None = None
         self.ruler_base: threading.Thread | None = None
         self.stage_dirs: list[str] = []
+        self.tokenizer_id: str | None = None  # MODEL's tokenizer's fingerprint: what packed data belongs to
         self.launch_config = None  # the DeepSpeed launch of a ZeRO-3 OPTIM, written once
         if settings.optim in ZERO3_OFFLOADS:
             self.launch_config = zero3_config(settings.optim, settings.nproc, self.path("launch"),
@@ -158,6 +159,12 @@ class Pipeline:
         mark_done(os.path.join(out, "done"), model)
         return True
 
+    def result_done(self, out: str, result: str, model: str, label: str) -> bool:
+        """Whether OUT/RESULT is there for ``model`` (OUT/done holds its fingerprint; a result of another model is
+        removed, said in one log line)."""
+        path = os.path.join(out, result)
+        return done_for(os.path.join(out, "done"), model, [path], self.log, label) and os.path.isfile(path)
+
     def ruler(self, name: str, model: str, longest: int) -> None:
         """RULER_TASKS (default the separating subset) into WORK/eval/NAME/ruler up to ``longest``, the same prompts
         for every model; the base's results (when there) give every other model's threshold of its effective
@@ -165,8 +172,7 @@ class Pipeline:
         out = self.path("eval", name, "ruler")
         if not self.s.ruler:
             return
-        marker, results = os.path.join(out, "done"), os.path.join(out, "results.json")
-        if done_for(marker, model, [results], self.log, f"ruler {name}") and os.path.isfile(results):
+        if self.result_done(out, "results.json", model, f"ruler {name}"):
             self.log(f"ruler {name}: done already")
             return
         flags = baseline_args(name, self.s)
@@ -178,7 +184,7 @@ class Pipeline:
             self.s.ruler_lengths_to(longest), "--num_samples", self.s.ruler_samples, "--max_new_tokens",
             self.s.ruler_max_new, "--haystack_dir", "PaulGrahamEssays", "--native_length", self.s.ruler_native,
             *threshold, "--output-dir", out]) == 0:  # fmt: skip
-            mark_done(marker, model)
+            mark_done(os.path.join(out, "done"), model)
 
     def before(self, baselines: Sequence[str]) -> None:
         """Each baseline's evaluations, the base's needle beyond the trained length with YaRN at the full factor
@@ -202,8 +208,7 @@ class Pipeline:
         for scaling in self.s.long_scaling_list() if scalings is None else scalings:
             tag = scaling.replace(":", "_")
             out = self.path("eval", name, f"long_{tag}")
-            marker, results = os.path.join(out, "done"), os.path.join(out, "results.csv")
-            if done_for(marker, model, [results], self.log, f"needle_long_{name}_{tag}") and os.path.isfile(results):
+            if self.result_done(out, "results.csv", model, f"needle_long_{name}_{tag}"):
                 continue
             rope = ["--rope_scaling", scaling] if scaling != "none" else []
             if self.run_stage(f"needle_long_{name}_{tag}", [
@@ -211,7 +216,7 @@ class Pipeline:
                 *rope, "--min_context_length", self.s.long_min, "--max_context_length", self.s.long,
                 "--context_interval", self.s.long_step, "--num_samples", self.s.long_samples, "--output-dir",
                 out]) == 0:  # fmt: skip
-                mark_done(marker, model)
+                mark_done(os.path.join(out, "done"), model)
 
     # --- data and training -------------------------------------------------------------------------------------
 
@@ -234,8 +239,10 @@ class Pipeline:
             mark_done(marker, self.s.model, tokenizer=True)
 
     def packed(self, seq: int) -> bool:
-        """Whether WORK/data_SEQ is packed with MODEL's tokenizer."""
-        return recorded(self.path(f"data_{seq}.done")) == tokenizer_fingerprint(self.s.model)
+        """Whether WORK/data_SEQ is packed with MODEL's tokenizer (read once: the model stage has run by then)."""
+        if self.tokenizer_id is None:
+            self.tokenizer_id = tokenizer_fingerprint(self.s.model)
+        return recorded(self.path(f"data_{seq}.done")) == self.tokenizer_id
 
     def wait_data(self, seq: int) -> None:
         """Until WORK/data_SEQ is packed with MODEL's tokenizer, or the background packing has ended without it."""
@@ -385,14 +392,13 @@ class Pipeline:
 
         def beyond() -> None:
             out = self.path("eval", last, "needle_long")
-            marker, results = os.path.join(out, "done"), os.path.join(out, "results.csv")
-            if not (done_for(marker, model, [results], self.log, f"needle_long_{last}") and os.path.isfile(results)):
+            if not self.result_done(out, "results.csv", model, f"needle_long_{last}"):
                 if self.run_stage(f"needle_long_{last}", [
                     self.py, "eval_needle.py", "--model", model, "--kernel", self.eval_kernel, "--depth_interval",
                     "0.25", "--min_context_length", str(s.target + s.target // 4), "--max_context_length", s.target2,
                     "--context_interval", str(s.target // 4), "--num_samples", s.samples, "--output-dir",
                     out]) == 0:  # fmt: skip
-                    mark_done(marker, model)
+                    mark_done(os.path.join(out, "done"), model)
             self.after_base_ruler()
             self.ruler(last, model, target2)
 
