@@ -19,7 +19,8 @@ worst cell; perplexities; prompts; RULER scores per task and length; and ``train
 :mod:`easy_context.eval.gain`), ``summary.md`` (its first line: which baselines the gains are over, or that none ran;
 then the gain table and the tables of every model) and ``comparison.png`` (needle heatmaps of the first and last
 model, needle accuracy vs length of every model, perplexity vs length, the training loss, the RULER tasks' mean vs
-length of every model, the gain per task vs length).
+length of every model, the gain per task vs length). ``--caveat TEXT``: what the numbers are not (a CPU miniature's
+random weights), the title of summary.md and ``caveat`` in summary.json.
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ def markdown(summary: dict, base_length: int) -> str:
     models = summary["models"]
     lengths = sorted({n for m in models.values() if m["needle"] for n in m["needle"]["by_length"]})
     kinds = ", ".join(f"{name} ({_kind(name)})" for name in models)
+    caveat = [f"# {summary['caveat']}", ""] if summary.get("caveat") else []
     lines = [
+        *caveat,
         headline(models),
         "",
         f"Models: {kinds}.",
@@ -346,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the extension's train.py output dir (metrics.jsonl); once per stage, in order")  # fmt: skip
     p.add_argument("--output", required=True, help="folder for summary.json, summary.md, comparison.png")
     p.add_argument("--after", default=None, metavar="NAME", help="the model of the second heatmap (default: the last)")
+    p.add_argument("--caveat", default=None, metavar="TEXT", help="what the numbers are not: summary.md's title")
     args = p.parse_args(argv)
     models, needles = {}, {}
     for item in args.model:
@@ -354,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--model {item}: expected NAME=DIR with an existing folder")
         models[name], needles[name] = model_summary(folder, args.base_length)
     summary = {
+        **({"caveat": args.caveat} if args.caveat else {}),
         "base_length": args.base_length,
         "target_length": args.target_length,
         "models": models,

@@ -21,8 +21,9 @@ from easy_context.cli import ArgumentParser
 from easy_context.extend import estimate
 from easy_context.extend.derive import MFU, Derived, derive
 from easy_context.extend.estimate import format_seconds, format_tokens
+from easy_context.extend.micro import micro_name
 from easy_context.extend.recipe import Recipe, format_length, parse_length
-from easy_context.extend.settings import Settings, SettingsError, resolve
+from easy_context.extend.settings import Settings, SettingsError, resolve, work_folder
 from easy_context.models.resolve import MODEL_HELP
 from easy_context.models.shapes import GB
 from easy_context.training.flops import GPUS
@@ -52,7 +53,7 @@ def build_parser() -> ArgumentParser:
         "--write-recipe",
         metavar="OUT.yaml",
         default=None,
-        help="write the derived recipe here (default: out/extend_NAME/recipe.yaml)",
+        help="write the derived recipe here (default: out/extend_NAME/recipe.yaml; --micro: out/extend_NAME-micro/)",
     )
     ap.add_argument("--dry-run", action="store_true", help="print the stages and their commands; run nothing")
     ap.add_argument(
@@ -178,7 +179,7 @@ def describe_micro(settings: Settings) -> str:
         )
     layout = recipe_layout(s)
     lines = [f"{s.name}: its CPU miniature (MICRO=1): {spec}; {s.base_length} -> {s.target} tokens, "
-             f"{layout.describe()}, optimizer {s.optim}"]  # fmt: skip
+             f"{layout.describe()}, optimizer {s.optim}; its own folders: work {s.work}, model {s.model}"]  # fmt: skip
     steps = s.steps or s.recipe_steps
     for i, stage in enumerate(s.stages):
         lines.append(f"  stage {i + 1}: {stage.seq} tokens x {stage.steps} steps {' '.join(stage.flags)}".rstrip())
@@ -256,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         print(describe_plan(derived, None, host_note))
         print(f"  {derived.layout}")
         return 0
-    out = args.write_recipe or f"out/extend_{derived.recipe.run_name}/recipe.yaml"
+    name = derived.recipe.run_name
+    out = args.write_recipe or f"{work_folder(micro_name(name) if micro else name)}/recipe.yaml"
     path = derived.recipe.write(out, header)
     print(f"recipe: {path}")
     if micro:

@@ -5,10 +5,17 @@ plan's backend, optimizer placement and memory options, on a tiny random model o
 ``model_type``, the same layer pattern (one period of ``layer_types``: a sliding-window layer stays one, with its
 window scaled to the miniature's lengths), the same query : key/value head ratio, a few hundred tokens a sequence.
 Lengths double per stage from :data:`BASE` (the full plan multiplies by 4), each a multiple of the backend's own.
+
+A miniature never shares a folder with the real run: its run name is the real one's with :data:`SUFFIX`, its work,
+results and recipe folders follow from that name, and its model is built in its own work folder (the recipe's
+``model``, ``fetch``, ``work`` and ``results`` are the real run's, read only from the ``micro:`` section when given
+there). Its random model folder holds :data:`MARKER`, and its summary says it is a miniature (:data:`CAVEAT`).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from easy_context.extend.layout import LayoutError, PlanLayout, next_multiple
@@ -18,10 +25,39 @@ HIDDEN, HEAD_DIM, INTERMEDIATE = 64, 16, 128
 MIN_WINDOW = 32  # a scaled sliding window below this holds too few tokens to differ from the local block
 STEPS = 3  # optimizer steps per stage: enough to save, resume and hand the model on
 MAX_EXPERTS = 4
+SUFFIX = "-micro"  # a miniature's run name: the real one's with this suffix (its folders follow from the name)
+# the recipe's settings that name the real run's folders and model: a miniature takes them from its micro: section only
+REAL_RUN_KEYS = ("work", "results", "model", "fetch", "wheels")
+MARKER = "MINIATURE.txt"  # in a miniature's random model folder: easy-context-fetch and the planner never take it
+CAVEAT = ("CPU miniature (MICRO=1): a tiny model with random weights, a few hundred tokens, a few steps a stage; its "
+          "numbers check that every stage runs, they are no result of the method")  # fmt: skip
 # the config keys a miniature keeps as they are: what makes the family's layers behave as the real ones
 KEPT = ("tie_word_embeddings", "partial_rotary_factor", "attn_logit_softcapping", "final_logit_softcapping",
         "use_sliding_window", "rope_parameters", "rope_theta", "rope_scaling", "hidden_act", "hidden_activation",
         "attention_bias", "mlp_bias", "use_qk_norm")  # fmt: skip
+
+
+def micro_name(name: str) -> str:
+    """The miniature's run name of the real run ``name`` (unchanged when it is one already)."""
+    return name if name.endswith(SUFFIX) else name + SUFFIX
+
+
+def micro_settings(settings: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """A miniature's pipeline settings: ``settings`` (a recipe's, its ``micro:`` values over them) without the real
+    run's folders and model (:data:`REAL_RUN_KEYS`) unless ``own`` (the ``micro:`` section) gives them itself."""
+    mine = {key.replace("-", "_").lower() for key in own}
+    return {key: value for key, value in settings.items() if key not in REAL_RUN_KEYS or key in mine}
+
+
+def write_marker(folder: str) -> None:
+    """Mark ``folder`` as holding a miniature's random model (:data:`MARKER`)."""
+    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+        f.write("A tiny model with random weights, built by a CPU miniature (MICRO=1): not a pretrained model.\n")
+
+
+def is_miniature(folder: str) -> bool:
+    """Whether ``folder`` holds a miniature's random model (:data:`MARKER`)."""
+    return os.path.isfile(os.path.join(folder, MARKER))
 
 
 def layer_period(layer_types: list[str]) -> list[str]:

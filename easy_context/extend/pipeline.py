@@ -25,17 +25,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from easy_context.eval.gain import SHORTER_ROUTE
+from easy_context.extend.fingerprint import (
+    done_for,
+    fingerprint,
+    mark_done,
+    recorded,
+    set_aside_other_training,
+    tokenizer_fingerprint,
+)
+from easy_context.extend.micro import CAVEAT
 from easy_context.extend.preflight import Machine, machine_problem, preflight, probe_machine, run_kernels
 from easy_context.extend.settings import Settings, SettingsError, baseline_args, resolve
-from easy_context.extend.stages import (
-    Background,
-    StageFailed,
-    StageRunner,
-    newest_state,
-    training_finished,
-    wait_for_file,
-)
+from easy_context.extend.stages import Background, StageFailed, StageRunner, newest_state, training_finished, wait_until
 from easy_context.launch_configs import ZERO3_OFFLOADS, zero3_config
+from easy_context.models.fetch import other_model
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE = "usage: bash train_scripts/extend.sh RECIPE.yaml [train.py flags]"
@@ -47,6 +50,7 @@ MICRO_MODEL_SCRIPT = """import glob, json, sys
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from easy_context.data.tokenizer import train_byte_level_bpe
+from easy_context.extend.micro import write_marker
 from easy_context.models import load_model, match_special_tokens
 from easy_context.models.config_compat import save_model
 out, spec, length = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -62,6 +66,7 @@ else:
     model = load_model(spec, vocab_size=len(tokenizer), max_position_embeddings=length)
 match_special_tokens(model, tokenizer)
 save_model(model, out)
+write_marker(out)
 print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters -> {out}")
 """
 
@@ -109,6 +114,7 @@ class Pipeline:
         self.packing: threading.Thread | None = None
         self.ruler_base: threading.Thread | None = None
         self.stage_dirs: list[str] = []
+        self.tokenizer_id: str | None = None  # MODEL's tokenizer's fingerprint: what packed data belongs to
         self.launch_config = None  # the DeepSpeed launch of a ZeRO-3 OPTIM, written once
         if settings.optim in ZERO3_OFFLOADS:
             self.launch_config = zero3_config(settings.optim, settings.nproc, self.path("launch"),
@@ -126,11 +132,12 @@ class Pipeline:
     def evaluate(self, name: str, model: str) -> bool:
         """Needle, the needle with 3 distractors (DISTRACTOR_SAMPLES; 0: none), perplexity (short windows and by
         length) of ``model`` into WORK/eval/NAME (the same prompts for every model), and for the base and the extended
-        models the fixed prompts; skipped when its ``done`` marker is there, marked done only when every part succeeded
-        (each part runs only after the previous one did)."""
+        models the fixed prompts; skipped when its ``done`` marker is there for ``model`` (one of another model runs
+        it again: easy_context.extend.fingerprint), marked done only when every part succeeded (each part runs only
+        after the previous one did)."""
         out = self.path("eval", name)
         flags = baseline_args(name, self.s)
-        if os.path.isfile(os.path.join(out, "done")):
+        if done_for(os.path.join(out, "done"), model, (), self.log, f"eval {name}"):
             self.log(f"eval {name}: done already")
             return True
         os.makedirs(out, exist_ok=True)
@@ -156,8 +163,14 @@ class Pipeline:
         for stage, command in steps:
             if self.run_stage(stage, command) != 0:
                 return False
-        Path(out, "done").touch()
+        mark_done(os.path.join(out, "done"), model)
         return True
+
+    def result_done(self, out: str, result: str, model: str, label: str) -> bool:
+        """Whether OUT/RESULT is there for ``model`` (OUT/done holds its fingerprint; a result of another model is
+        removed, said in one log line)."""
+        path = os.path.join(out, result)
+        return done_for(os.path.join(out, "done"), model, [path], self.log, label) and os.path.isfile(path)
 
     def ruler(self, name: str, model: str, longest: int) -> None:
         """RULER_TASKS (default the separating subset) into WORK/eval/NAME/ruler up to ``longest``, the same prompts
@@ -166,18 +179,19 @@ class Pipeline:
         out = self.path("eval", name, "ruler")
         if not self.s.ruler:
             return
-        if os.path.isfile(os.path.join(out, "results.json")):
+        if self.result_done(out, "results.json", model, f"ruler {name}"):
             self.log(f"ruler {name}: done already")
             return
         flags = baseline_args(name, self.s)
         base_results = self.path("eval", "base", "ruler", "results.json")
         threshold = ["--threshold_from", base_results] if name != "base" and os.path.isfile(base_results) else []
-        self.run_stage(f"ruler_{name}", [
+        if self.run_stage(f"ruler_{name}", [
             self.py, "eval_ruler.py", "--model", model, *flags, "--kernel", self.eval_kernel, "--tasks",
             self.s.ruler_tasks, "--lengths",
             self.s.ruler_lengths_to(longest), "--num_samples", self.s.ruler_samples, "--max_new_tokens",
             self.s.ruler_max_new, "--haystack_dir", "PaulGrahamEssays", "--native_length", self.s.ruler_native,
-            *threshold, "--output-dir", out])  # fmt: skip
+            *threshold, "--output-dir", out]) == 0:  # fmt: skip
+            mark_done(os.path.join(out, "done"), model)
 
     def before(self, baselines: Sequence[str]) -> None:
         """Each baseline's evaluations, the base's needle beyond the trained length with YaRN at the full factor
@@ -201,20 +215,23 @@ class Pipeline:
         for scaling in self.s.long_scaling_list() if scalings is None else scalings:
             tag = scaling.replace(":", "_")
             out = self.path("eval", name, f"long_{tag}")
-            if os.path.isfile(os.path.join(out, "results.csv")):
+            if self.result_done(out, "results.csv", model, f"needle_long_{name}_{tag}"):
                 continue
             rope = ["--rope_scaling", scaling] if scaling != "none" else []
-            self.run_stage(f"needle_long_{name}_{tag}", [
+            if self.run_stage(f"needle_long_{name}_{tag}", [
                 self.py, "eval_needle.py", "--model", model, "--kernel", self.eval_kernel, "--depth_interval", "0.25",
                 *rope, "--min_context_length", self.s.long_min, "--max_context_length", self.s.long,
                 "--context_interval", self.s.long_step, "--num_samples", self.s.long_samples, "--output-dir",
-                out])  # fmt: skip
+                out]) == 0:  # fmt: skip
+                mark_done(os.path.join(out, "done"), model)
 
     # --- data and training -------------------------------------------------------------------------------------
 
     def pack(self, seq: int, out: str) -> None:
-        """The corpus packed into rows of SEQ+1 tokens (RECALL of them with recall records); skipped when packed."""
-        if os.path.isfile(os.path.join(out, "dataset_info.json")):
+        """The corpus packed into rows of SEQ+1 tokens (RECALL of them with recall records); skipped when packed with
+        MODEL's tokenizer (its marker OUT.done; data of another tokenizer is packed again)."""
+        marker, packed = f"{out}.done", os.path.join(out, "dataset_info.json")
+        if done_for(marker, self.s.model, [out], self.log, f"data_{seq}", tokenizer=True) and os.path.isfile(packed):
             return
         corpus = self.path("code.jsonl")
         if not os.path.isfile(corpus):
@@ -225,19 +242,31 @@ class Pipeline:
             str(seq), "--output", out, "--recall-fraction", self.s.recall, "--recall-records", "32",
             "--recall-questions", "16", "--recall-kinds", self.s.recall_kinds, "--num-proc", self.s.num_proc,
             "--max-memory-gb", "48", "--no-progress"])  # fmt: skip
+        if os.path.isfile(packed):
+            mark_done(marker, self.s.model, tokenizer=True)
+
+    def packed(self, seq: int) -> bool:
+        """Whether WORK/data_SEQ is packed with MODEL's tokenizer (read once: the model stage has run by then)."""
+        if self.tokenizer_id is None:
+            self.tokenizer_id = tokenizer_fingerprint(self.s.model)
+        return recorded(self.path(f"data_{seq}.done")) == self.tokenizer_id
 
     def wait_data(self, seq: int) -> None:
-        wait_for_file(self.path(f"data_{seq}", "dataset_info.json"), self.packing, self.poll_s)
+        """Until WORK/data_SEQ is packed with MODEL's tokenizer, or the background packing has ended without it."""
+        wait_until(lambda: self.packed(seq), self.packing, self.poll_s)
 
     def train_run(self, name: str, seq: int, rows: int, source: str | None = None, steps: str | None = None,
                   chunk: str | None = None, flags: Sequence[str] = ()) -> None:  # fmt: skip
         """The recipe at ``seq`` tokens from MODEL (or ``source``) into WORK/NAME for one chunk of TRAIN_CHUNK_S
         (or ``chunk``) seconds, resumed from its newest state; marked ``train_done`` once it logged its steps
-        (``steps``, else STEPS, else the recipe's). Nothing to do without its data or once done."""
+        (``steps``, else STEPS, else the recipe's). Nothing to do without its data or once done; a WORK/NAME trained
+        from another model is set aside first (easy_context.extend.fingerprint)."""
         data, out = self.path(f"data_{seq}"), self.path(name)
         source, steps, chunk = source or self.s.model, steps or self.s.steps, chunk or self.s.train_chunk_s
-        packed, done = os.path.join(data, "dataset_info.json"), os.path.join(out, "train_done")
-        if not os.path.isfile(packed) or os.path.isfile(done):
+        if not self.packed(seq):
+            return
+        set_aside_other_training(out, source, self.log, name)
+        if os.path.isfile(os.path.join(out, "train_done")):
             return
         state = newest_state(out)
         if state:
@@ -270,13 +299,14 @@ class Pipeline:
     # --- the whole run -----------------------------------------------------------------------------------------
 
     def model_stage(self) -> int:
-        """The base model: a tiny random one (MICRO=1), else fetched unless MODEL holds one; 0, or the exit status
-        of a run that cannot go on."""
+        """The base model: a tiny random one (MICRO=1), else fetched unless MODEL holds it (the fetch source's model
+        when the recipe names one: the fetch replaces a miniature's, refuses another); 0, or the exit status of a run
+        that cannot go on."""
         s, config = self.s, os.path.join(self.s.model, "config.json")
         if s.micro and not os.path.isfile(config):
             self.run_stage("model", [self.py, "-", s.model, s.micro_model, str(s.base_length)],
                            stdin=MICRO_MODEL_SCRIPT)  # fmt: skip
-        elif not os.path.isfile(config) and not s.model.endswith(".gguf"):
+        elif not s.model.endswith(".gguf") and (not os.path.isfile(config) or other_model(s.fetch, s.model)):
             if not s.fetch:
                 self.log(f"extend {s.name}: no model at {s.model} and the recipe names none to fetch")
                 return 1
@@ -380,12 +410,13 @@ class Pipeline:
 
         def beyond() -> None:
             out = self.path("eval", last, "needle_long")
-            if not os.path.isfile(os.path.join(out, "results.csv")):
-                self.run_stage(f"needle_long_{last}", [
+            if not self.result_done(out, "results.csv", model, f"needle_long_{last}"):
+                if self.run_stage(f"needle_long_{last}", [
                     self.py, "eval_needle.py", "--model", model, "--kernel", self.eval_kernel, "--depth_interval",
                     "0.25", "--min_context_length", str(s.target + s.target // 4), "--max_context_length", s.target2,
                     "--context_interval", str(s.target // 4), "--num_samples", s.samples, "--output-dir",
-                    out])  # fmt: skip
+                    out]) == 0:  # fmt: skip
+                    mark_done(os.path.join(out, "done"), model)
             self.after_base_ruler()
             self.ruler(last, model, target2)
 
@@ -397,20 +428,25 @@ class Pipeline:
         s = self.s
         args: list[str] = []
         for name in (*SUMMARY_MODELS, *([f"extended_{s.target2}"] if s.target2 else [])):
-            if os.path.isfile(self.path("eval", name, "done")):
+            if self.evaluated(name):
                 args += ["--model", f"{name}={self.path('eval', name)}"]
         metrics: list[str] = []
         for folder in (*self.stage_dirs, self.path("extended")):
             if os.path.isfile(os.path.join(folder, "metrics.jsonl")):
                 metrics += ["--train-metrics", folder]
-        after = ["--after", "extended"] if os.path.isfile(self.path("eval", "extended", "done")) else []
+        after = ["--after", "extended"] if self.evaluated("extended") else []
         self.run_stage("summary", [self.py, "-m", "easy_context.eval.compare", *args, "--base-length",
                                    str(s.base_length), "--target-length", str(s.target), *after, *metrics, "--output",
-                                   self.results])  # fmt: skip
+                                   self.results, *(["--caveat", CAVEAT] if s.micro else [])])  # fmt: skip
         summary_md = Path(self.results, "summary.md")
         if summary_md.is_file():
             print(summary_md.read_text(), end="", flush=True)
         self.write_logs_archive()
+
+    def evaluated(self, name: str) -> bool:
+        """Whether WORK/eval/NAME is done for the model it names now (a baseline: MODEL; else WORK/NAME)."""
+        model = self.path(name) if name == "control" or name.startswith("extended") else self.s.model
+        return recorded(self.path("eval", name, "done")) == fingerprint(model)
 
     def write_logs_archive(self) -> None:
         """RESULTS/logs.tgz: the logs, the evaluations, and each training run's metrics and flags."""

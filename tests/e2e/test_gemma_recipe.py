@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from easy_context.extend.micro import CAVEAT
 from easy_context.train import build_parser
 from easy_context.training import recipe
 from tests.support import zygote
@@ -86,7 +87,10 @@ def test_pipeline_key_is_not_a_flag_but_must_be_a_mapping(tmp_path, capsys):
 
 def extend_commands(tmp_path: Path, recipe_name: str, script: str = "extend.sh", **env) -> list[list[str]]:
     """The commands ``bash train_scripts/<script> <recipe>`` runs (python recording its arguments), with every
-    stage's data already in place so each training command is issued; each stage's "done" check passes."""
+    stage's data already in place (packed with MODEL's tokenizer, WORK/base) so each training command is issued; each
+    stage's "done" check passes."""
+    from easy_context.extend.fingerprint import mark_done
+
     work = tmp_path / "work"
     data = recipe.pipeline_settings(recipe.load_recipe(str(ROOT / "train_scripts" / recipe_name)))
     lengths = [s["seq-length"] for s in data.get("stages") or []] + [data["target"], data["base_length"]]
@@ -94,6 +98,7 @@ def extend_commands(tmp_path: Path, recipe_name: str, script: str = "extend.sh",
     for n in lengths:
         (work / f"data_{n}").mkdir(parents=True, exist_ok=True)
         (work / f"data_{n}" / "dataset_info.json").write_text("{}")
+        mark_done(str(work / f"data_{n}.done"), str(work / "base"), tokenizer=True)
     (work / "code.jsonl").write_text("")
     python = tmp_path / "python"
     python.write_text(RECORDER.format(python=sys.executable))
@@ -264,7 +269,8 @@ def test_micro_pipeline_end_to_end(tmp_path):
         assert row["gain"] == pytest.approx(score - max(free.values()), abs=1e-4)
     md = (results / "summary.md").read_text()
     lines = md.splitlines()
-    assert lines[0] == "# Gain of training over the best of 2 training-free baselines on the same prompts (base, yarn)"
+    assert lines[0] == f"# {CAVEAT}" and summary["caveat"] == CAVEAT  # a miniature says so first
+    assert lines[2] == "# Gain of training over the best of 2 training-free baselines on the same prompts (base, yarn)"
     assert "| task | length | model | score | best training-free baseline | its score | gain |" in lines
     assert any(line.startswith("| base | ") for line in lines) and any(line.startswith("| yarn | ") for line in lines)
     for task in separating:
@@ -273,4 +279,4 @@ def test_micro_pipeline_end_to_end(tmp_path):
     assert any(line.startswith("| needle beyond (yarn:2:1024) | 2K | extended |") and "| base (yarn:8:256)" in line
                for line in lines)  # fmt: skip
     assert (results / "comparison.png").stat().st_size > 10_000 and (results / "logs.tgz").is_file()
-    assert "extend gemma3_256k: done" in res.stdout
+    assert "extend gemma3_256k-micro: done" in res.stdout

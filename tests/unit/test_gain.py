@@ -119,3 +119,22 @@ def test_the_shorter_route_is_compared_on_its_own_not_as_a_training_free_baselin
     md = (out / "summary.md").read_text()
     assert "Gain over the shorter route" in md and "| needle | 1K | extended | 1.00 | stage_yarn | 0.75 | +0.25 |" in md
     assert "stage_yarn (trained shorter, YaRN to the target)" in md
+
+
+def test_a_miniature_summary_says_what_it_is(tmp_path):
+    """``--caveat`` (the pipeline passes the CPU miniature's): summary.md's title and summary.json say it, before the
+    tables a real run writes; without it the summary starts as before."""
+    from easy_context.extend.micro import CAVEAT
+
+    write_model(tmp_path / "base", {256: [0, 0]})
+    write_model(tmp_path / "extended", {256: [0, 1]})
+    args = [a for m in ("base", "extended") for a in ("--model", f"{m}={tmp_path / m}")]
+    out = tmp_path / "micro"
+    assert compare.main([*args, "--base-length", "256", "--target-length", "1024", "--output", str(out), "--caveat",
+                         CAVEAT]) == 0  # fmt: skip
+    md = (out / "summary.md").read_text().splitlines()
+    assert md[0] == f"# {CAVEAT}" and "random weights" in md[0] and md[2].startswith("# No training-free scaling")
+    assert json.loads((out / "summary.json").read_text())["caveat"] == CAVEAT
+    real = tmp_path / "r"
+    assert compare.main([*args, "--base-length", "256", "--target-length", "1024", "--output", str(real)]) == 0
+    assert "caveat" not in json.loads((real / "summary.json").read_text())
