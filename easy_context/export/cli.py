@@ -33,5 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     rope = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in meta.items() if "rope." in k)
     size = os.path.getsize(args.gguf) / 2**20
     print(f"wrote {args.gguf} ({info['arch']}, {info['type']}, {info['tensors']} tensors, {size:.1f} MiB) in "
-          f"{time.time() - start:.1f} s; context_length={meta['context_length']}, {rope}; tokenizer: {info['vocab']}")  # fmt: skip
+          f"{time.time() - start:.1f} s; context_length={meta['context_length']}, {rope}; "
+          f"tokenizer: {info['vocab']}")  # fmt: skip
     return 0

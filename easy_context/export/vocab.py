@@ -14,33 +14,11 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import Any
 
-MAX_HOPS = 16  # run_config.json links followed back to the source
-
-
-def source_gguf(model_dir: str) -> str | None:
-    """The GGUF file ``model_dir`` was trained from: follow ``run_config.json``'s ``args.model`` from run to run until
-    a ``.gguf`` path or a folder holding exactly one ``gguf/*.gguf``; None when the chain ends elsewhere."""
-    folder = model_dir
-    for _ in range(MAX_HOPS):
-        if folder.lower().endswith(".gguf") and os.path.isfile(folder):
-            return folder
-        found = sorted(glob.glob(os.path.join(folder, "gguf", "*.gguf")))
-        if len(found) == 1:
-            return found[0]
-        record = os.path.join(folder, "run_config.json")
-        if not os.path.isfile(record):
-            return None
-        with open(record, encoding="utf-8") as f:
-            model = (json.load(f).get("args") or {}).get("model")
-        if not model:
-            return None
-        folder = model if os.path.isabs(model) or os.path.exists(model) else os.path.join(folder, model)
-    return None
+from easy_context.extend.lineage import source_gguf
 
 
 def gguf_vocab_fields(path: str) -> list[tuple[str, Any, Any, Any]]:
@@ -71,8 +49,8 @@ def hf_vocab_fields(tokenizer_dir: str, vocab_size: int) -> list[tuple[str, Any,
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or not model.get("merges"):
         raise ValueError(
-            f"{path}: a {model.get('type')} tokenizer without merges, not a BPE this export rebuilds; pass --vocab-from "
-            "FILE.gguf (the GGUF the model came from)"
+            f"{path}: a {model.get('type')} tokenizer without merges, not a BPE this export rebuilds; pass "
+            "--vocab-from FILE.gguf (the GGUF the model came from)"
         )
     tokens: dict[int, str] = {i: t for t, i in model["vocab"].items()}
     types = {i: TokenType.NORMAL for i in tokens}

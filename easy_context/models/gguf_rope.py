@@ -45,7 +45,9 @@ def rope_metadata(config) -> dict[str, Any]:
     attention factor) is a one-line ValueError."""
     full, sliding = _split(config)
     if "rope_theta" not in full:
-        raise ValueError(f"config.rope_parameters {config.rope_parameters!r} names no rope_theta; set it in config.json")
+        raise ValueError(
+            f"config.rope_parameters {config.rope_parameters!r} names no rope_theta; set it in config.json"
+        )
     out: dict[str, Any] = {FREQ_BASE: float(full["rope_theta"])}
     if sliding is not None:
         if sliding.get("rope_type", "default") != "default":

@@ -93,7 +93,9 @@ def test_llama_export_reads_back_in_transformers(tok, tmp_path, kind, tol):
     assert (info["arch"], info["vocab"], info["tensors"]) == ("llama", "hf", 2 + 9 * 2)  # tied: no output.weight
     meta = fields(out)
     assert meta["llama.context_length"] == 2048 and meta["llama.rope.freq_base"] == 5e5
-    assert meta["general.file_type"] == int(getattr(gguf.LlamaFileType, {"f32": "ALL_F32"}.get(kind, f"MOSTLY_{kind.upper()}")))
+    assert meta["general.file_type"] == int(
+        getattr(gguf.LlamaFileType, {"f32": "ALL_F32"}.get(kind, f"MOSTLY_{kind.upper()}"))
+    )
     loaded, loaded_tok = transformers_gguf(out)
     assert loaded.config.rope_parameters["rope_theta"] == 5e5 and loaded.config.max_position_embeddings == 2048
     assert_same_tensors(model, loaded, tol)
@@ -118,7 +120,9 @@ def test_gemma3_export_reads_back_in_transformers(tok, tmp_path):
     assert meta["gemma3.context_length"] == 1024 and meta["gemma3.attention.sliding_window"] == 16
     assert meta["gemma3.attention.key_length"] == 256
     raw = gguf_tensors(out)["blk.0.post_attention_norm.weight"]
-    np.testing.assert_allclose(raw, model.model.layers[0].post_attention_layernorm.weight.detach().numpy() + 1, atol=1e-7)
+    np.testing.assert_allclose(
+        raw, model.model.layers[0].post_attention_layernorm.weight.detach().numpy() + 1, atol=1e-7
+    )
     loaded, _ = transformers_gguf(out)
     assert loaded.config.rope_parameters["full_attention"]["rope_theta"] == 4e6
     assert_same_tensors(model, loaded, 1e-6)
@@ -204,14 +208,20 @@ def test_cli_and_one_line_errors(tok, tmp_path, capsys):
     folder = save(tiny_llama(tok), tok, tmp_path / "hf")
     assert main([folder, "--gguf", str(tmp_path / "x.gguf"), "--type", "q8_0"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith(f"wrote {tmp_path / 'x.gguf'} (llama, q8_0, 20 tensors") and "rope.freq_base=10000" in printed
+    assert (
+        printed.startswith(f"wrote {tmp_path / 'x.gguf'} (llama, q8_0, 20 tensors")
+        and "rope.freq_base=10000" in printed
+    )
 
     def error(*argv) -> str:
         with pytest.raises(SystemExit) as e:
             main([*argv, "--gguf", str(tmp_path / "bad.gguf")])
         return str(e.value)
 
-    assert error(str(tmp_path)) == f"error: {tmp_path}: no config.json (an HF model folder, e.g. the pipeline's WORK/extended)"
+    assert (
+        error(str(tmp_path))
+        == f"error: {tmp_path}: no config.json (an HF model folder, e.g. the pipeline's WORK/extended)"
+    )
     gpt2 = save(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tok))), tok, tmp_path / "g")
     assert error(gpt2).startswith("error: model_type 'gpt2' cannot be exported to GGUF here; exportable: llama, qwen2")
     dynamic = tiny_llama(tok)
