@@ -74,7 +74,7 @@ def hf_vocab_fields(tokenizer_dir: str, vocab_size: int) -> list[tuple[str, Any,
     for attr, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id"),
                       ("unk", "unknown_token_id")):  # fmt: skip
         token_id = getattr(tok, f"{attr}_token_id", None)
-        if token_id is not None:
+        if token_id in tokens:  # a default special token the tokenizer class adds is not in the model's vocabulary
             out.append((f"tokenizer.ggml.{key}", int(token_id), u32, None))
     probe = tok("a").input_ids
     adds_bos = tok.bos_token_id is not None and bool(probe) and probe[0] == tok.bos_token_id

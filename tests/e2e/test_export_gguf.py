@@ -107,6 +107,30 @@ def test_llama_export_reads_back_in_transformers(tok, tmp_path, kind, tol):
     assert types["blk.0.attn_norm.weight"] == "F32" and types["blk.0.attn_q.weight"] == kind.upper()
 
 
+def test_qwen2_export_reads_back_in_transformers(tok, tmp_path):
+    """Qwen2: q/k/v biases, no q/k permutation (llama.cpp's qwen2 rotates halves, as transformers does)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from easy_context.export.gguf import export_gguf
+
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 3e5})  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+    out = tmp_path / "qwen2.gguf"
+    info = export_gguf(save(model, tok, tmp_path / "hf"), str(out), "f32")
+    assert info["arch"] == "qwen2" and info["tensors"] == 3 + 12 * 2  # untied: output.weight too
+    assert fields(out)["qwen2.rope.freq_base"] == 3e5 and "blk.0.attn_q.bias" in gguf_tensors(out)
+    loaded, _ = transformers_gguf(out)
+    assert_same_tensors(model, loaded, 0.0)
+    torch.testing.assert_close(logits(loaded), logits(model), atol=1e-5, rtol=0)
+
+
 def test_gemma3_export_reads_back_in_transformers(tok, tmp_path):
     """Gemma 3: norms stored as 1 + w (transformers subtracts 1 on load), both bases, window, head size."""
     from easy_context.export.gguf import export_gguf

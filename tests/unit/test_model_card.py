@@ -76,6 +76,13 @@ def test_card_numbers_equal_the_summary(work):
     assert "- Hardware: cpu x 2." in lines
     assert f"vllm serve {work / 'extended'} --max-model-len 1024" in text
     assert f"easy-context-export {work / 'extended'} --gguf extended-q8_0.gguf --type q8_0" in text
+    # transformers 4.x reads the legacy RoPE keys: the card says whether config.json carries them
+    assert "Caution: config.json holds only transformers 5's `rope_parameters`" in text
+    (work / "extended" / "config.json").write_text(
+        json.dumps({**config, "rope_theta": 4e6, "rope_local_base_freq": 1e4})
+    )
+    text = Path(write_card(str(work))).read_text()
+    assert "Caution" not in text and "for it (rope_theta, rope_local_base_freq) beside transformers 5's" in text
 
 
 def test_card_names_a_known_source_and_its_snippet_loads_the_model(work, tmp_path):
@@ -102,5 +109,7 @@ def test_card_names_a_known_source_and_its_snippet_loads_the_model(work, tmp_pat
     assert type(scope["model"]).__name__ == "Gemma3ForCausalLM" and len(scope["tokenizer"]) == 300
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "nowhere")])
-    assert str(e.value) == f"error: {tmp_path / 'nowhere' / 'extended'}: no config.json (the extended model's folder; " \
+    assert (
+        str(e.value) == f"error: {tmp_path / 'nowhere' / 'extended'}: no config.json (the extended model's folder; "
         "--model names it)"
+    )
