@@ -113,9 +113,10 @@ def test_qwen2_export_reads_back_in_transformers(tok, tmp_path):
 
     from easy_context.export.gguf import export_gguf
 
+    rope = {"rope_type": "default", "rope_theta": 3e5}
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 3e5})  # fmt: skip
+                         tie_word_embeddings=False, rope_parameters=rope)  # fmt: skip
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).float().eval()
     with torch.no_grad():
