@@ -29,14 +29,14 @@ def save(model, tok, folder) -> str:
     return str(folder)
 
 
-def tiny_gemma3(tok, full_theta: float = 4e6, sliding_theta: float = 1e4, seed: int = 0):
+def tiny_gemma3(tok, full_theta: float = 4e6, sliding_theta: float = 1e4, seed: int = 0, vocab_size: int | None = None):
     """A random float32 Gemma3ForCausalLM: 6 layers (5 sliding of window 16, 1 global), head_dim 256 (transformers'
     GGUF loader assumes query_pre_attn_scalar 256), random norms (a +1 offset gone wrong shows in the logits)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=16,
+        vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=16,
         max_position_embeddings=1024, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )  # fmt: skip
@@ -222,6 +222,32 @@ def test_gguf_to_hf_to_gguf_keeps_tensors_metadata_and_the_source_tokenizer(tok,
     # the export converted back to HF is the folder it came from
     again = convert_gguf(str(out), str(tmp_path / "again"), dtype=torch.float32)
     assert_same_tensors(hf, AutoModelForCausalLM.from_pretrained(again, dtype=torch.float32), 0.0)
+
+
+def test_a_gemma_sentencepiece_vocabulary_is_copied_from_its_source(tok, tmp_path):
+    """A Gemma GGUF's SentencePiece vocabulary (tokenizer.ggml.model llama: pieces, float scores, token types, no
+    merges), which no HF tokenizer.json reproduces, is copied field for field (--vocab-from); the export's tokenizer
+    cuts text as the source's does."""
+    from easy_context.export.gguf import export_gguf
+    from easy_context.models.gguf import load_gguf_tokenizer
+    from tests.support.gemma_gguf import essays, train_pieces, write_gemma_gguf
+
+    _, pieces = train_pieces(essays(40_000), vocab_size=400)
+    source = write_gemma_gguf(tmp_path / "gemma-tok.gguf", pieces)
+    model = tiny_gemma3(tok, vocab_size=len(pieces))
+    out = tmp_path / "out.gguf"
+    info = export_gguf(save(model, tok, tmp_path / "hf"), str(out), "bf16", vocab_from=source)
+    assert info["vocab"] == f"gguf:{source}"
+    src, got = fields(source), fields(out)
+    vocab = {k: v for k, v in src.items() if k.startswith("tokenizer.")}
+    assert vocab and {k: v for k, v in got.items() if k.startswith("tokenizer.")} == vocab
+    assert gguf.GGUFReader(str(out)).fields["tokenizer.ggml.scores"].types[-1] == gguf.GGUFValueType.FLOAT32
+    a, b = load_gguf_tokenizer(source), load_gguf_tokenizer(str(out))
+    for text in TEXTS:
+        assert b(text).input_ids == a(text).input_ids
+    other = save(tiny_gemma3(tok), tok, tmp_path / "hf300")  # the 300-token BPE's model: not this vocabulary
+    with pytest.raises(ValueError, match=rf"--vocab-from {source}: {len(pieces)} tokens, the model has vocab_size 300"):
+        export_gguf(other, str(tmp_path / "x.gguf"), vocab_from=source)
 
 
 def test_cli_and_one_line_errors(tok, tmp_path, capsys):
