@@ -194,7 +194,7 @@ def card(model_dir: str, summary: dict | None = None, hardware: str | None = Non
         config: dict[str, Any] = json.load(f)
     chain, base = runs(model_dir)
     source = _source(model_dir)
-    title = source.title if source is not None else (base or "the base model")
+    title = source.title if source is not None else os.path.basename(os.path.normpath(base or "")) or "a model"
     length = int(config["max_position_embeddings"])
     lines = front_matter(config, source)
     lines += [f"# {os.path.basename(os.path.normpath(model_dir))}: {title}, extended to {length:,} tokens", "",
