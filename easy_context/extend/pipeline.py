@@ -424,7 +424,8 @@ class Pipeline:
         self.background.start(lambda: self.evaluate(last, model), f"eval {last}")
 
     def summary(self) -> None:
-        """summary.json/.md and comparison.png of every evaluated model in WORK, and logs.tgz, into RESULTS."""
+        """summary.json/.md and comparison.png of every evaluated model in WORK, and logs.tgz, into RESULTS; the
+        extended model's card (README.md) into its folder."""
         s = self.s
         args: list[str] = []
         for name in (*SUMMARY_MODELS, *([f"extended_{s.target2}"] if s.target2 else [])):
@@ -441,6 +442,9 @@ class Pipeline:
         summary_md = Path(self.results, "summary.md")
         if summary_md.is_file():
             print(summary_md.read_text(), end="", flush=True)
+        if os.path.isfile(self.path("extended", "config.json")):  # its README.md: easy_context.extend.model_card
+            self.run_stage("card", [self.py, "-m", "easy_context.extend.model_card", self.work, "--results",
+                                    self.results, "--hardware", f"{s.device} x {s.nproc}"])  # fmt: skip
         self.write_logs_archive()
 
     def evaluated(self, name: str) -> bool:

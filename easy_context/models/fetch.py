@@ -67,6 +67,8 @@ class Source:
     # the converted folder's config.json, its shape and RoPE (read off the GGUF): a plan is derived from it before
     # anything is downloaded (easy_context.extend --model NAME)
     config: Mapping[str, Any] = field(default_factory=dict)
+    base_model: str = ""  # the original release's hub id (a model card's base_model)
+    license_id: str = ""  # the hub's license identifier (a model card's license)
 
     @property
     def requirements(self) -> list[str]:
@@ -117,6 +119,8 @@ SOURCES: tuple[Source, ...] = (
             vocab_size=49152,
             tie_word_embeddings=True,
         ),
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        license_id="apache-2.0",
     ),
     Source(
         name="gemma3-270m",
@@ -157,6 +161,8 @@ SOURCES: tuple[Source, ...] = (
             vocab_size=262144,
             tie_word_embeddings=True,
         ),
+        base_model="google/gemma-3-270m",
+        license_id="gemma",
     ),
 )
 

@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import torch
 
+from easy_context.models.gguf_rope import apply_rope_metadata
+
 GGUF_MAGIC = b"GGUF"
 INSTALL_HINT = "pip install 'easy_context[gguf]' (or: pip install gguf)"
 _NOT_ARCHITECTURES = {"general", "tokenizer"}  # keys of transformers' GGUF config table that name no architecture
@@ -176,7 +178,16 @@ def load_gguf_config(name: str):
     with _explain(name, info):
         config = AutoConfig.from_pretrained(folder, gguf_file=filename)
     _drop_quantization_config(config)
+    # transformers reads rope.freq_base only; the sliding layers' base and the scaling are in the file too
+    apply_rope_metadata(config, read_rope_fields(gguf_file(name), info.architecture))
     return config
+
+
+def read_rope_fields(path: str, architecture: str) -> dict:
+    """The ``{architecture}.rope.*`` fields of a GGUF file, keys without the prefix (``rope.freq_base``, ...)."""
+    reader = require_gguf().GGUFReader(path)
+    prefix = f"{architecture}."
+    return {k[len(prefix) :]: f.contents() for k, f in reader.fields.items() if k.startswith(prefix + "rope.")}
 
 
 def load_gguf_model(name: str, dtype: torch.dtype = torch.bfloat16, *, config=None):

@@ -233,7 +233,7 @@ def test_micro_pipeline_end_to_end(tmp_path):
     assert all(rc == "0" for rc in stages.values()), stages
     assert {"model", "data_512", "data_1024", "needle_base", "ppl_base", "needle3_base", "prompts_base", "needle_yarn",
             "stage1_512", "extended", "needle_extended", "ppl_extended", "needle3_extended", "prompts_extended",
-            "needle_long_extended_none", "needle_long_extended_yarn_2_1024", "summary", "needle3_yarn",
+            "needle_long_extended_none", "needle_long_extended_yarn_2_1024", "summary", "card", "needle3_yarn",
             "needle_long_base_yarn_8_256", "ruler_base", "ruler_yarn", "ruler_extended"} <= set(stages)  # fmt: skip
     for name, seq, checkpointing in (("stage1_512", 512, "attn"), ("extended", 1024, "attn-global")):
         record = json.loads((work / name / "run_config.json").read_text())
@@ -278,5 +278,10 @@ def test_micro_pipeline_end_to_end(tmp_path):
         assert all(any(line.startswith(f"| {task} | {m} | ") for line in lines) for m in ("base", "yarn", "extended"))
     assert any(line.startswith("| needle beyond (yarn:2:1024) | 2K | extended |") and "| base (yarn:8:256)" in line
                for line in lines)  # fmt: skip
+    card = (work / "extended" / "README.md").read_text().splitlines()  # the model card (tests/unit/test_model_card.py)
+    assert card[0] == "---" and "context_length: 1024" in card and "| stage1_512 | 512 | 3 | 1,536 |" in "\n".join(card)
+    assert [line for line in card if line.startswith("| vt | 1K | extended | ")] == [
+        line for line in lines if line.startswith("| vt | 1K | extended | ")
+    ]
     assert (results / "comparison.png").stat().st_size > 10_000 and (results / "logs.tgz").is_file()
     assert "extend gemma3_256k-micro: done" in res.stdout

@@ -127,12 +127,13 @@ def tiny_llama(tokenizer, seed: int = 0, **overrides):
     kv heads, tied embeddings; its bos/eos/pad ids), norms random too so a mixed-up tensor shows in the logits."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    shape = dict(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, rms_norm_eps=1e-5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, **overrides,
+        pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
+    config = LlamaConfig(**{**shape, **overrides})
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float().eval()
     with torch.no_grad():
