@@ -110,7 +110,8 @@ def model_config(spec: str | ModelRef, vocab_size: int | None = None, local_only
     :data:`PRESET_VOCAB`), a shape's as published (``vocab_size`` overrides), a folder's or config.json's, a GGUF
     file's, a fetch name's (its folder once it holds the source's model, else the config shipped with the source), a
     hub id's from the hub cache, else (``local_only``) its published shape; ``local_only=False`` (a loader):
-    downloaded when online, never a stand-in. A name none of these serve is a one-line ValueError that says what would."""
+    downloaded when online, never a stand-in. A name none of these serve is a one-line ValueError that says what
+    would."""
     from transformers import AutoConfig
 
     ref = spec if isinstance(spec, ModelRef) else resolve_model(spec)
