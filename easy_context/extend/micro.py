@@ -14,11 +14,11 @@ there). Its random model folder holds :data:`MARKER`, and its summary says it is
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from easy_context.extend.layout import LayoutError, PlanLayout, next_multiple
+from easy_context.models.folders import MARKER, is_miniature, write_marker  # noqa: F401
 
 BASE = 256  # the miniature's native length, tokens
 HIDDEN, HEAD_DIM, INTERMEDIATE = 64, 16, 128
@@ -28,7 +28,6 @@ MAX_EXPERTS = 4
 SUFFIX = "-micro"  # a miniature's run name: the real one's with this suffix (its folders follow from the name)
 # the recipe's settings that name the real run's folders and model: a miniature takes them from its micro: section only
 REAL_RUN_KEYS = ("work", "results", "model", "fetch", "wheels")
-MARKER = "MINIATURE.txt"  # in a miniature's random model folder: easy-context-fetch and the planner never take it
 CAVEAT = ("CPU miniature (MICRO=1): a tiny model with random weights, a few hundred tokens, a few steps a stage; its "
           "numbers check that every stage runs, they are no result of the method")  # fmt: skip
 # the config keys a miniature keeps as they are: what makes the family's layers behave as the real ones
@@ -47,17 +46,6 @@ def micro_settings(settings: Mapping[str, Any], own: Mapping[str, Any]) -> dict[
     run's folders and model (:data:`REAL_RUN_KEYS`) unless ``own`` (the ``micro:`` section) gives them itself."""
     mine = {key.replace("-", "_").lower() for key in own}
     return {key: value for key, value in settings.items() if key not in REAL_RUN_KEYS or key in mine}
-
-
-def write_marker(folder: str) -> None:
-    """Mark ``folder`` as holding a miniature's random model (:data:`MARKER`)."""
-    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
-        f.write("A tiny model with random weights, built by a CPU miniature (MICRO=1): not a pretrained model.\n")
-
-
-def is_miniature(folder: str) -> bool:
-    """Whether ``folder`` holds a miniature's random model (:data:`MARKER`)."""
-    return os.path.isfile(os.path.join(folder, MARKER))
 
 
 def layer_period(layer_types: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from easy_context.models.fetch import SOURCES, find_source, holds
+from easy_context.models.catalog import SOURCES, find_source, holds
 from easy_context.models.gguf import is_gguf
 from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS
 

@@ -7,28 +7,14 @@ from __future__ import annotations
 import os
 import re
 
+from easy_context.models.folders import WEIGHT_SUFFIXES, folder_weights, is_hf_folder  # noqa: F401
 from easy_context.models.gguf import gguf_error, is_gguf
 from easy_context.models.resolve import fetch_hint, resolve_model
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".index.json")
-
-
-def _folder_weights(name: str) -> bool | None:
-    """None when ``name`` is not a local folder with a ``config.json``; else whether it holds weight files."""
-    path = os.path.expanduser(name)
-    if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))):
-        return None
-    return any(f.endswith(WEIGHT_SUFFIXES) for f in os.listdir(path))
 
 
 def is_config_only(name: str) -> bool:
     """Whether ``name`` is a local folder with a ``config.json`` and no weight files (safetensors, bin, index)."""
-    return _folder_weights(name) is False
-
-
-def is_hf_folder(path: str) -> bool:
-    """Whether ``path`` is a local checkpoint: a ``config.json`` and weight files."""
-    return _folder_weights(path) is True
+    return folder_weights(name) is False
 
 
 def is_random_init(name: str) -> bool:

