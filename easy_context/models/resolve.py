@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from easy_context.models.catalog import SOURCES, find_source, holds
 from easy_context.models.gguf import is_gguf
-from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS
+from easy_context.models.shapes import ALIASES, BUILTIN_MODELS, PRESETS, ModelShape
 
 SHAPE_PREFIX = "shape:"
 PRESET_VOCAB = 32000  # a preset's vocabulary when no tokenizer gives one (the planner's assumption)
@@ -57,7 +57,7 @@ class ModelRef:
 
 
 def _has_weights(path: str | None) -> bool:
-    from easy_context.models.source import is_hf_folder
+    from easy_context.models.folders import is_hf_folder
 
     return path is not None and is_hf_folder(path)
 
@@ -159,3 +159,17 @@ def model_location(spec: str, flag: str = "--model") -> str:
     if not ref.fetched:
         raise ValueError(fetch_hint(ref, flag))
     return ref.path
+
+
+def load_model_shape(spec: str, vocab_size: int | None = None) -> ModelShape:
+    """The shape of any model name the commands take (:func:`easy_context.models.resolve.model_config`): a
+    config.json path or a folder holding one, a preset, a published shape (``shape:`` prefix allowed), a fetch name,
+    a GGUF file, or a hub id (the hub cache, else its published shape; never downloads). ``vocab_size`` overrides the
+    vocabulary. An unknown name is a one-line ValueError listing the known ones."""
+    ref = resolve_model(spec)
+    values = model_config(ref, vocab_size).to_dict()
+    if vocab_size:
+        values["vocab_size"] = vocab_size
+        if isinstance(values.get("text_config"), dict):
+            values["text_config"]["vocab_size"] = vocab_size
+    return ModelShape.from_config(ref.name if ref.kind in ("preset", "shape") else spec, values)

@@ -129,19 +129,3 @@ class ModelShape:
         """Elements of the largest parameter tensor (the embedding / LM head for every supported model)."""
         h = self.hidden
         return max(self.vocab * h, self.intermediate * h, self.qd * h)
-
-
-def load_model_shape(spec: str, vocab_size: int | None = None) -> ModelShape:
-    """The shape of any model name the commands take (:func:`easy_context.models.resolve.model_config`): a
-    config.json path or a folder holding one, a preset, a published shape (``shape:`` prefix allowed), a fetch name,
-    a GGUF file, or a hub id (the hub cache, else its published shape; never downloads). ``vocab_size`` overrides the
-    vocabulary. An unknown name is a one-line ValueError listing the known ones."""
-    from easy_context.models.resolve import model_config, resolve_model
-
-    ref = resolve_model(spec)
-    values = model_config(ref, vocab_size).to_dict()
-    if vocab_size:
-        values["vocab_size"] = vocab_size
-        if isinstance(values.get("text_config"), dict):
-            values["text_config"]["vocab_size"] = vocab_size
-    return ModelShape.from_config(ref.name if ref.kind in ("preset", "shape") else spec, values)

@@ -7,6 +7,7 @@ hardware and settings), :mod:`.budget` (a step's byte budget), :mod:`.terms` (th
 :mod:`.solve` (the longest S), :mod:`.validate` (anchors, probes), :mod:`.report` (text), :mod:`.cli` (the command
 line)."""
 
+from easy_context.models.resolve import load_model_shape
 from easy_context.models.shapes import (
     ALIASES,
     BUILTIN_MODELS,
@@ -14,7 +15,6 @@ from easy_context.models.shapes import (
     GIB,
     PRESETS,
     ModelShape,
-    load_model_shape,
     parse_size,
 )
 from easy_context.plan.budget import Budget, Term

@@ -9,8 +9,8 @@ from dataclasses import asdict
 
 from easy_context.cli import ArgumentParser
 from easy_context.core import registry
-from easy_context.models.resolve import MODEL_HELP
-from easy_context.models.shapes import load_model_shape, parse_size
+from easy_context.models.resolve import MODEL_HELP, load_model_shape
+from easy_context.models.shapes import parse_size
 from easy_context.plan.options import OPTION_BY_NAME, OPTIONS, parse_config
 from easy_context.plan.report import format_breakdown, format_header, format_run, format_summary, train_flags
 from easy_context.plan.setup import LOSS_CHUNK, NORMS, OPTIMS, Setup, mode_layout

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from easy_context.models.shapes import GIB, load_model_shape, parse_size
+from easy_context.models.resolve import load_model_shape
+from easy_context.models.shapes import GIB, parse_size
 from easy_context.plan.options import OPTION_BY_NAME, parse_config
 from easy_context.plan.setup import NORMS, Setup
 from easy_context.plan.solve import best_prediction

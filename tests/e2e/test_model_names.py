@@ -111,13 +111,20 @@ def test_loading_commands_take_the_same_names(name, place, capsys):
         load_model(spec)
 
 
-def test_a_fetched_name_is_its_folder_everywhere(place, capsys):
-    """Once fetch wrote models/gemma-3-270m (here: a tiny Gemma 3 and a tokenizer), the name loads that folder's
-    weights and tokenizer, and plan reads that folder's config."""
+def test_a_fetched_name_is_its_folder_everywhere(place, capsys, monkeypatch):
+    """Once fetch wrote models/gemma-3-270m (here: a tiny Gemma 3 and a tokenizer, the source's shipped config made
+    that shape: a folder of another shape is another model, never the name's), the name loads that folder's weights
+    and tokenizer, and plan reads that folder's config."""
+    import dataclasses
+
+    from easy_context.models import catalog
     from easy_context.training import flags
 
     folder = place / find_source(FETCH).default_dest
     model = tiny_model("gemma3_text", seed=4)
+    shape = {k: v for k, v in model.config.to_dict().items() if k in catalog.SHAPE_KEYS}
+    source = dataclasses.replace(find_source(FETCH), config={**find_source(FETCH).config, **shape})
+    monkeypatch.setattr(catalog, "SOURCES", tuple(source if s.name == FETCH else s for s in catalog.SOURCES))
     save_model(model, folder)
     tokenizer = train_tokenizer(folder)
     loaded = load_model(FETCH, dtype=torch.float32)

@@ -111,7 +111,8 @@ def test_every_stage_runs_once_then_the_same_command_skips_what_is_done(fake, tm
     assert (tmp_path / "w" / "results" / "logs.tgz").is_file()
     again = fake()[len(calls) :]
     ran = [c["argv"] for c in again if c["argv"][:1] != ["PaulGrahamEssays/fetch.py"]]
-    assert ran == [next(c for c in ran if "easy_context.eval.compare" in c)]  # the second run: the summary only
+    summary_and_card = [c for c in ran if "easy_context.eval.compare" in c or "easy_context.extend.model_card" in c]
+    assert ran == summary_and_card and len(ran) == 2  # the second run: the summary and the model card only
 
 
 def test_training_resumes_from_the_newest_state_in_chunks(fake, tmp_path):
