@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="store one layer input per K layers, regenerate the others (strided_checkpoint)")  # fmt: skip
     p.add_argument("--mlp-tile-tokens", type=int, default=8192)
     p.add_argument("--optimizer", default="host_adamw", choices=["host_adamw", "adamw"])
+    p.add_argument("--gpu-mem-cap", default=None, metavar="SIZE",
+                   help="act as a card of this size (24GB, 24GiB): the caching allocator may hold SIZE minus what "
+                        "is outside it at start (the CUDA context), torch.cuda.set_per_process_memory_fraction")
     p.add_argument("--timeout", type=int, default=900, help="seconds per probe")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -111,6 +114,7 @@ def run_probe(args, seq: int) -> dict:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cap = cap_gpu_memory(args.gpu_mem_cap, device) if args.gpu_mem_cap else {}
     with device:
         vocab = args.vocab_size or (256 if args.model in PRESETS else None)
         model = load_model(args.model, vocab_size=vocab, dtype=dtype, max_position_embeddings=seq)
@@ -170,7 +174,26 @@ def run_probe(args, seq: int) -> dict:
         "gpu_total_gib": round(torch.cuda.get_device_properties(device).total_memory / 2**30, 2) if cuda else None,
         "peak_host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-    }
+    } | cap
+
+
+def cap_gpu_memory(size: str, device) -> dict:
+    """Limit this process to a card of ``size`` bytes: the caching allocator gets ``size`` minus the GPU memory
+    already used outside it (the CUDA context); returns what the row records."""
+    import torch
+
+    from easy_context.models.shapes import parse_size
+
+    if device.type != "cuda":
+        raise SystemExit("error: --gpu-mem-cap needs a CUDA GPU")
+    cap = parse_size(size)
+    free, total = torch.cuda.mem_get_info(device)  # creates the context
+    outside = total - free - torch.cuda.memory_reserved(device)
+    if cap <= outside or cap > total:
+        raise SystemExit(f"error: --gpu-mem-cap {size}: must lie between the {outside / 2**30:.2f} GiB the CUDA "
+                         f"context takes and the card's {total / 2**30:.2f} GiB")  # fmt: skip
+    torch.cuda.set_per_process_memory_fraction((cap - outside) / total, device)
+    return {"gpu_mem_cap_gib": round(cap / 2**30, 3), "outside_allocator_gib": round(outside / 2**30, 3)}
 
 
 # ------------------------------------------------------------------------------------------------ parent

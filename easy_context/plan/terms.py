@@ -105,7 +105,8 @@ def _gpu_persistent(shape: ModelShape, setup: Setup) -> list[Term]:
             pers += [Term("bf16 grad partition (2P/N)", 2 * P / N),
                      Term("fp32 master + Adam m, v (12P/N)", 12 * P / N)]  # fmt: skip
     pers.append(Term("input ids, labels, position ids (int64)", per_token=24))
-    pers.append(Term("RoPE cos/sin (bf16)", per_token=4 * shape.head_dim))
+    tables = f" x {shape.rope_tables} tables (local + global)" if shape.rope_tables > 1 else ""
+    pers.append(Term(f"RoPE cos/sin (bf16){tables}", per_token=4 * shape.head_dim * shape.rope_tables))
     return pers
 
 
@@ -147,21 +148,48 @@ def _layer_grads(shape: ModelShape, setup: Setup) -> tuple[list[Term], list[Term
 
 # RMSNorm (see "RMSNorm"): eager saves fp32 copies and its backward makes 5 fp32 (s, h) temporaries; chunked saves
 # its input by reference + fp32 rstd, its backward works on (NORM_CHUNK_ROWS, h) fp32 chunks
-def _input_norm(chunked_norm: bool, u: _Units) -> list[Term]:
+def _eager_saved(shape: ModelShape) -> int:
+    """What an eager RMSNorm saves, in bf16-input units: an fp32 copy of x (2) and x_hat, bf16 (Llama: 1) or fp32
+    (Gemma's (1 + weight) product in fp32: 2)."""
+    return 4 if shape.gemma_norm else 3
+
+
+def _input_norm(shape: ModelShape, chunked_norm: bool, u: _Units) -> list[Term]:
     """What the input RMSNorm saves, and its output n1."""
     if chunked_norm:  # its input is x (the checkpoint / recompute input), counted already
         norm1 = [Term("input norm saved: fp32 rstd (x by reference)", per_token=4)]
     else:
-        norm1 = [Term("input norm saved: fp32 x copy + bf16 x_hat + fp32 rstd", per_token=3 * u.A + 4)]
+        norm1 = [Term("input norm saved: fp32 x copy + x_hat + fp32 rstd", per_token=_eager_saved(shape) * u.A + 4)]
     norm1.append(Term("n1 = input norm output", per_token=u.A))
     return norm1
 
 
-def _post_norm_saved(chunked_norm: bool, u: _Units) -> Term:
-    """What the post-attention RMSNorm saves."""
+def _qk_norms_saved(shape: ModelShape, chunked_norm: bool, u: _Units) -> list[Term]:
+    """What the per-head q and k norms save (Qwen3, Gemma 3): chunked, the projections' outputs by reference."""
+    if not shape.qk_norm:
+        return []
+    rstd = 4 * (shape.heads + shape.kv_heads)
+    if chunked_norm:
+        return [Term("q/k norms saved: q, k before them (by reference) + fp32 rstd", per_token=u.Q + u.K + rstd)]
+    return [Term("q/k norms saved: fp32 q, k copies + x_hat + fp32 rstd",
+                 per_token=_eager_saved(shape) * (u.Q + u.K) + rstd)]  # fmt: skip
+
+
+def _sandwich_norms_saved(shape: ModelShape, chunked_norm: bool, u: _Units) -> list[Term]:
+    """What the norms on the attention's and the MLP's outputs save (Gemma 2/3), both alive through the layer's
+    backward (counted whole: the MLP's is freed first)."""
+    if not shape.sandwich_norms:
+        return []
+    each = u.A + 4 if chunked_norm else _eager_saved(shape) * u.A + 4
+    how = "their inputs (by reference)" if chunked_norm else "fp32 copies + x_hat"
+    return [Term(f"post-attention + post-MLP norms saved: {how} + fp32 rstd", per_token=2 * each)]
+
+
+def _post_norm_saved(shape: ModelShape, chunked_norm: bool, u: _Units) -> Term:
+    """What the RMSNorm before the MLP saves (Llama's post-attention norm, Gemma's pre-feedforward one)."""
     if chunked_norm:  # h1 = x + attn out, kept alive by the norm (eager frees it: it saves an fp32 copy)
         return Term("post norm saved: h1 (bf16, by reference) + fp32 rstd", per_token=u.A + 4)
-    return Term("post norm saved: fp32 h1 copy + bf16 h1_hat + fp32 rstd", per_token=3 * u.A + 4)
+    return Term("post norm saved: fp32 h1 copy + x_hat + fp32 rstd", per_token=_eager_saved(shape) * u.A + 4)
 
 
 def _attention_saved(lay: Layout, u: _Units) -> Term:
@@ -254,20 +282,33 @@ def _attn_bwd(lay: Layout, u: _Units, common: list[Term]) -> list[Term]:
     return bwd
 
 
+def _qk_norm_bwd(shape: ModelShape, chunked_norm: bool, u: _Units, common: list[Term]) -> list[Term]:
+    """``qk norm bwd``: the q norm's backward, after the attention's and RoPE's (their q, k gradients alive)."""
+    grads = [Term("d h1 (the residual gradient, also the layer input's)", per_token=u.A),
+             Term("kernel dq, dk, dv + dq, dk through RoPE", per_token=2 * u.Q + 3 * u.K)]  # fmt: skip
+    if chunked_norm:
+        rows = NORM_CHUNK_TEMPS * NORM_CHUNK_ROWS * shape.head_dim * 4
+        return common + grads + [Term("q norm dx (allocated whole) + chunked fp32 temporaries", rows, per_token=u.Q)]
+    return common + grads + [Term("eager q-norm backward fp32 temporaries (5 x s x q x 4 B)", per_token=10 * u.Q)]
+
+
 def _layer_working_sets(shape: ModelShape, setup: Setup, lay: Layout, option: MemOption,
                         u: _Units) -> dict[str, list[Term]]:  # fmt: skip
     """The activations of the four layer phases (without the layer inputs and the gradients, added per end)."""
     chunked_norm = setup.norm == "chunked"
-    norm1 = _input_norm(chunked_norm, u)
+    norm1 = _input_norm(shape, chunked_norm, u) + _qk_norms_saved(shape, chunked_norm, u)
     dy = Term("dy (grad from the layer above)", per_token=u.A)
-    common = norm1 + [_attention_saved(lay, u)]
-    post_saved = _post_norm_saved(chunked_norm, u)
-    return {
+    common = norm1 + _sandwich_norms_saved(shape, chunked_norm, u) + [_attention_saved(lay, u)]
+    post_saved = _post_norm_saved(shape, chunked_norm, u)
+    sets = {
         "attn fwd": _attn_fwd(lay, u, norm1, dy),
         "mlp bwd": _mlp_bwd(shape, setup, option, u, common, dy, post_saved),
         "norm bwd": _norm_bwd(shape, chunked_norm, u, common, dy, post_saved),
         "attn bwd": _attn_bwd(lay, u, common),
     }
+    if shape.qk_norm:
+        sets["qk norm bwd"] = _qk_norm_bwd(shape, chunked_norm, u, common)
+    return sets
 
 
 def _layer_phases(shape: ModelShape, setup: Setup, lay: Layout, option: MemOption, u: _Units, top: _LayerInputs,
@@ -277,19 +318,18 @@ def _layer_phases(shape: ModelShape, setup: Setup, lay: Layout, option: MemOptio
     work = _layer_working_sets(shape, setup, lay, option, u)
     grads_top, grads_bottom = _layer_grads(shape, setup)
     fwd_grads = [] if _gathers(setup) else grads_top  # ZeRO: the grads come later
-    phases = {
-        "attn fwd": top.ckpt + top.x + top.regen + work["attn fwd"] + fwd_grads,
-        "mlp bwd": top.ckpt + top.regen + work["mlp bwd"] + grads_top,
-        "norm bwd": top.ckpt + top.regen + work["norm bwd"] + grads_top,
-        "attn bwd": top.ckpt + top.regen + work["attn bwd"] + grads_top,
-    }
+    by_ref = setup.norm == "chunked"  # the chunked input norm keeps the layer input x back from the host alive
+
+    def at(end: _LayerInputs, grads: list[Term], suffix: str) -> dict[str, list[Term]]:
+        fwd = {f"attn fwd{suffix}": end.ckpt + end.x + end.regen + work["attn fwd"] + (fwd_grads if not suffix
+                                                                                          else grads)}  # fmt: skip
+        bwd = {f"{name}{suffix}": end.ckpt + (end.x if by_ref else []) + end.regen + terms + grads
+               for name, terms in work.items() if name != "attn fwd"}  # fmt: skip
+        return fwd | bwd
+
+    phases = at(top, grads_top, "")
     if setup.optim == "host_adamw":  # the gradients grow through the backward: layer 0 is a moment of its own
-        phases |= {
-            "attn fwd @ layer 0": bottom.ckpt + bottom.x + bottom.regen + work["attn fwd"] + grads_bottom,
-            "mlp bwd @ layer 0": bottom.ckpt + bottom.regen + work["mlp bwd"] + grads_bottom,
-            "norm bwd @ layer 0": bottom.ckpt + bottom.regen + work["norm bwd"] + grads_bottom,
-            "attn bwd @ layer 0": bottom.ckpt + bottom.regen + work["attn bwd"] + grads_bottom,
-        }
+        phases |= at(bottom, grads_bottom, " @ layer 0")
     return phases
 
 

@@ -92,7 +92,8 @@ def validate_probe(row: dict, **setup_kw) -> dict:
     command = row.get("command", "")
     vocab = row.get("vocab_size") or _flag(command, "--vocab-size")
     shape = load_model_shape(row["model"].removeprefix("shape:"), vocab)
-    kw = dict(gpus=1, gpu_mem=row.get("gpu_total_gib", 80) * GIB, host_mem=parse_size("1TB"),
+    card_gib = row.get("gpu_mem_cap_gib") or row.get("gpu_total_gib", 80)  # bench/max_context.py --gpu-mem-cap
+    kw = dict(gpus=1, gpu_mem=card_gib * GIB, host_mem=parse_size("1TB"),
               optim=PROBE_OPTIMIZERS[row.get("optimizer", "host_adamw")],
               mlp_tile_tokens=_flag(command, "--mlp-tile-tokens") or 8192,
               norm="chunked" if re.search(r"--chunked-rmsnorm\b", command) else "eager",

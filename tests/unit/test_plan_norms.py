@@ -62,11 +62,13 @@ def test_chunked_norm_phase_terms():
 
     # bytes per token saved by the chunked norm, per moment: input norm 3A (x saved by reference), post norm 2A
     # (h1 kept instead of its fp32 copy + x_hat), final norm 2A; its backward: 10A + 2A - (d n2 + dx + h1 = 3A)
-    for at in ("", " @ layer 0"):
+    # the top layer's input is resident (on the GPU anyway); layer 0's comes back from the host for its recompute,
+    # and the chunked norm keeps it alive through the layer's backward (eager frees it): A less saved there
+    for at, kept in (("", 0), (" @ layer 0", A)):
         assert per_token(be, "attn fwd" + at) - per_token(bc, "attn fwd" + at) == pytest.approx(3 * A)
-        assert per_token(be, "attn bwd" + at) - per_token(bc, "attn bwd" + at) == pytest.approx(3 * A)
-        assert per_token(be, "mlp bwd" + at) - per_token(bc, "mlp bwd" + at) == pytest.approx(5 * A)
-        assert per_token(be, "norm bwd" + at) - per_token(bc, "norm bwd" + at) == pytest.approx(3 * A + 9 * A)
+        assert per_token(be, "attn bwd" + at) - per_token(bc, "attn bwd" + at) == pytest.approx(3 * A - kept)
+        assert per_token(be, "mlp bwd" + at) - per_token(bc, "mlp bwd" + at) == pytest.approx(5 * A - kept)
+        assert per_token(be, "norm bwd" + at) - per_token(bc, "norm bwd" + at) == pytest.approx(12 * A - kept)
         # chunked: the norm backward is a moment below the tiled MLP's backward (same bytes per token)
         assert per_token(bc, "norm bwd" + at) == pytest.approx(per_token(bc, "mlp bwd" + at))
     assert per_token(be, "loss") - per_token(bc, "loss") == pytest.approx(2 * A)

@@ -77,13 +77,69 @@ def test_model_parity_with_checkpointing(model_type):
     assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
 
 
-def test_leaves_other_norms_alone():
-    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+def _gemma3(layers: int = 2):
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-    class OneWeightNorm(GemmaRMSNorm):  # Gemma's (1 + weight) math, under the attribute name Llama uses
-        def __init__(self, dim):
-            super().__init__(dim)
-            self.variance_epsilon = self.eps
+    cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=layers, num_attention_heads=4,
+                           num_key_value_heads=1, head_dim=16, vocab_size=128, sliding_window=8,
+                           query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"][:layers])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().train()
+    for name, p in model.named_parameters():  # Gemma initialises its norm weights to 0: make (1 + w) matter
+        if name.endswith("norm.weight"):
+            p.data = torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.3
+    return model
 
-    module = torch.nn.Sequential(OneWeightNorm(16))
-    assert enable_chunked_rmsnorm(module) == []
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_gemma_norm_on_a_transposed_input(monkeypatch, dtype, tol):
+    """Gemma's (1 + weight) norm, as its q/k norms see it: the (batch, heads, seq, head_dim) transpose of the
+    projection. Same values bit for bit, the eager output's strides, gradients within ``tol`` of the eager ones."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    monkeypatch.setattr(rn, "CHUNK_ROWS", 7)
+    g = torch.Generator().manual_seed(0)
+    norm = Gemma3RMSNorm(16, eps=1e-6)
+    norm.weight.data = (torch.randn(16, generator=g) * 0.3).to(dtype)
+    proj = (torch.randn(2, 9, 3 * 16, generator=g) * 2).to(dtype)  # (batch, seq, heads x head_dim)
+    dy = torch.randn(2, 3, 9, 16, generator=g).to(dtype)
+    chunked = copy.deepcopy(norm)
+    assert enable_chunked_rmsnorm(chunked) == [""] and chunked._chunked_norm_style is rn.GEMMA
+    results = []
+    for module in (norm, chunked):
+        pg = proj.clone().requires_grad_()
+        x = pg.view(2, 9, 3, 16).transpose(1, 2)
+        y = module(x)
+        y.backward(dy)
+        results.append((y, pg.grad, module.weight.grad))
+    (y_ref, dx_ref, dw_ref), (y, dx, dw) = results
+    assert y.dtype == y_ref.dtype and y.stride() == y_ref.stride() and torch.equal(y, y_ref)
+    assert _rel_err(dx, dx_ref) < tol and _rel_err(dw, dw_ref) < tol
+
+
+def test_gemma3_model_parity_and_every_norm_patched():
+    """A tiny Gemma 3 (4 norms a layer, per-head q/k norms, the final norm): every norm is chunked, and the loss and
+    every gradient equal transformers' eager model's under offloaded checkpointing."""
+    from easy_context.memory import enable_offloaded_checkpointing
+    from easy_context.memory.rmsnorm import unpatched_norms
+
+    ref_loss, ref_grads = _loss_and_grads(_gemma3())
+    model = _gemma3()
+    patched = enable_chunked_rmsnorm(model)
+    assert len(patched) == 2 * 6 + 1 and unpatched_norms(model) == {}
+    enable_offloaded_checkpointing(model)
+    loss, grads = _loss_and_grads(model)
+    assert _rel_err(loss, ref_loss) < 1e-6
+    assert max(_rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-5
+
+
+def test_leaves_other_norms_alone_and_names_them():
+    """A LayerNorm (it subtracts the mean, and has a bias) is norm-shaped but no style reproduces it: it keeps its
+    forward, and unpatched_norms names it."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from easy_context.memory.rmsnorm import unpatched_norms
+
+    module = torch.nn.Sequential(torch.nn.LayerNorm(16), LlamaRMSNorm(16))
+    assert enable_chunked_rmsnorm(module) == ["1"]
+    assert unpatched_norms(module) == {"LayerNorm": 1}
