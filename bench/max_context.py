@@ -54,9 +54,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="store one layer input per K layers, regenerate the others (strided_checkpoint)")  # fmt: skip
     p.add_argument("--mlp-tile-tokens", type=int, default=8192)
     p.add_argument("--optimizer", default="host_adamw", choices=["host_adamw", "adamw"])
-    p.add_argument("--gpu-mem-cap", default=None, metavar="SIZE",
-                   help="act as a card of this size (24GB, 24GiB): the caching allocator may hold SIZE minus what "
-                        "is outside it at start (the CUDA context), torch.cuda.set_per_process_memory_fraction")
+    p.add_argument(
+        "--gpu-mem-cap",
+        default=None,
+        metavar="SIZE",
+        help="act as a card of this size (24GB, 24GiB): the caching allocator may hold SIZE minus what "
+        "is outside it at start (the CUDA context), torch.cuda.set_per_process_memory_fraction",
+    )
     p.add_argument("--timeout", type=int, default=900, help="seconds per probe")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)

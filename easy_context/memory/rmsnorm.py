@@ -9,7 +9,7 @@ hidden state on top of the checkpoint. Gemma 2/3 have four such norms per layer 
 :class:`RMSNormFunction` computes the same values as the module it replaces, in one of two :class:`NormStyle` s:
 
 - ``LLAMA`` (Llama, Mistral, Qwen2/3, ...): ``weight * (x.float() * rstd).to(x.dtype)``;
-- ``GEMMA`` (Gemma 1/2/3's ``1 + weight``, the product in fp32): ``(x.float() * rstd * (1 + weight.float())).to(x.dtype)``;
+- ``GEMMA`` (Gemma 1/2/3, the product in fp32): ``(x.float() * rstd * (1 + weight.float())).to(x.dtype)``;
 
 and saves only the input (usually already alive: the layer input, the residual stream, a projection's output) and
 the fp32 rstd (4 bytes per row). Forward and backward walk the rows in chunks of ``CHUNK_ROWS``, so their fp32

@@ -80,9 +80,18 @@ def test_model_parity_with_checkpointing(model_type):
 def _gemma3(layers: int = 2):
     from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-    cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=layers, num_attention_heads=4,
-                           num_key_value_heads=1, head_dim=16, vocab_size=128, sliding_window=8,
-                           query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"][:layers])
+    cfg = Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=128,
+        sliding_window=8,
+        query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"][:layers],
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().train()
     for name, p in model.named_parameters():  # Gemma initialises its norm weights to 0: make (1 + w) matter
