@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
                    help="store one layer input per K layers, regenerate the others (strided_checkpoint)")  # fmt: skip
     p.add_argument("--mlp-tile-tokens", type=int, default=8192)
+    p.add_argument("--attn-heads-per-call", type=int, default=None, metavar="N",
+                   help="at most N query heads per attention kernel call (train.py's flag)")  # fmt: skip
     p.add_argument("--optimizer", default="host_adamw", choices=["host_adamw", "adamw"])
     p.add_argument(
         "--gpu-mem-cap",
@@ -127,7 +129,8 @@ def run_probe(args, seq: int) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     stored = -(-cfg.num_hidden_layers // args.checkpoint_every)
     k = offloadable_layers(args, seq, n_params, cfg.hidden_size, stored)
-    SPConfig("data_parallel", kernel=args.kernel).attach(model, through_easy_context=True)  # our kernel interface
+    sp = SPConfig("data_parallel", kernel=args.kernel, heads_per_call=args.attn_heads_per_call)
+    sp.attach(model, through_easy_context=True)  # our kernel interface
     enable_offloaded_checkpointing(model, offload=k > 0, offload_layers=k, pin_memory=False,
                                    checkpoint_every=args.checkpoint_every)  # fmt: skip
     enable_tiled_mlp(model, tile_tokens=args.mlp_tile_tokens)

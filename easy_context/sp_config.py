@@ -25,7 +25,7 @@ from easy_context.core.groups import get_dp_group, get_sp_group, init_sp_groups
 from easy_context.core.layout import Layout
 from easy_context.core.registry import get_seq_algo, unknown_mode_error
 from easy_context.core.seq_algo import SeqAlgo
-from easy_context.kernels import KERNEL_NAMES
+from easy_context.kernels import KERNEL_NAMES, MATH
 
 
 class LocalBatch(NamedTuple):
@@ -45,7 +45,8 @@ class SPConfig:
 
     ``backend``: a registered backend name (``zigzag_ring_attn``, ``data_parallel``, ...); ``options``: its options
     with defaults resolved (``{"ring_degree": 2}`` for usp_attn); ``kernel``: the local attention kernel
-    (``"auto"``: the first that works on the device); ``sp_rank`` / ``sp_size``: this rank in its sequence group;
+    (``"auto"``: the first that works on the device); ``heads_per_call``: at most this many query heads per kernel
+    call (:meth:`~easy_context.kernels.base.AttnKernel.with_heads_per_call`); ``sp_rank`` / ``sp_size``: this rank in its sequence group;
     ``dp_rank`` / ``dp_size``: its sequence group among the replicas (``sp_size * dp_size == world_size``).
     """
 
@@ -56,6 +57,7 @@ class SPConfig:
     sp_size: int = 1
     dp_rank: int = 0
     dp_size: int = 1
+    heads_per_call: int | None = None  # query heads per local kernel call (a memory bound; None: whole calls)
 
     @property
     def algo(self) -> SeqAlgo:
@@ -144,12 +146,21 @@ class SPConfig:
 
         if through_easy_context is None:
             through_easy_context = self.kernel != "auto"
-        return apply_seq_parallel_monkey_patch(self.backend, model, always=through_easy_context, kernel=self.kernel,
-                                               **self.options)  # fmt: skip
+        return apply_seq_parallel_monkey_patch(self.backend, model, always=through_easy_context or self._split_calls,
+                                               **self._kernel_options, **self.options)  # fmt: skip
+
+    @property
+    def _split_calls(self) -> bool:
+        return self.heads_per_call is not None
+
+    @property
+    def _kernel_options(self) -> dict[str, Any]:
+        """``kernel`` and, when set, ``heads_per_call``: the local kernel's options (``KERNEL_OPTIONS``)."""
+        return {"kernel": self.kernel} | ({"heads_per_call": self.heads_per_call} if self._split_calls else {})
 
     def attn_func(self):
         """The backend's attention function on local shards, ``(batch, seq_local, heads, head_dim)`` in and out."""
-        return self.algo.attn_func(kernel=self.kernel, **self.options)
+        return self.algo.attn_func(**self._kernel_options, **self.options)
 
 
 def _options(backend: str, kernel: str, option_values: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +175,7 @@ def _options(backend: str, kernel: str, option_values: dict[str, Any]) -> dict[s
 
 
 def sp_config_for(backend: str, sp_size: int, *, kernel: str = "auto", sp_rank: int = 0, dp_rank: int = 0,
-                  dp_size: int = 1, **option_values: Any) -> SPConfig:  # fmt: skip
+                  dp_size: int = 1, heads_per_call: int | None = None, **option_values: Any) -> SPConfig:  # fmt: skip
     """The :class:`SPConfig` of ``backend`` on SP groups of ``sp_size`` ranks, without touching process groups (for
     planning, checks and tests; :func:`resolve_sp_config` joins the real ones). ``option_values``: backend option
     flags, None when not given; defaults are resolved for ``sp_size`` (usp_attn's ``ring_degree``). ``ValueError``
@@ -175,11 +186,12 @@ def sp_config_for(backend: str, sp_size: int, *, kernel: str = "auto", sp_rank: 
     layout = algo.layout(sp_size, sp_size, sp_size, **options)
     if layout.infeasible:
         raise ValueError(f"{layout.infeasible} ({sp_size} ranks per sequence)")
-    return SPConfig(backend, dict(layout.options), kernel, sp_rank, sp_size, dp_rank, dp_size)
+    MATH.with_heads_per_call(heads_per_call)  # a bad value: ValueError here, before any group
+    return SPConfig(backend, dict(layout.options), kernel, sp_rank, sp_size, dp_rank, dp_size, heads_per_call)
 
 
 def resolve_sp_config(backend: str, *, sp_size: int | None = None, kernel: str = "auto",
-                      **option_values: Any) -> SPConfig:  # fmt: skip
+                      heads_per_call: int | None = None, **option_values: Any) -> SPConfig:  # fmt: skip
     """Join or create the process group and the DP x SP mesh, and resolve ``backend``'s options
     (:func:`sp_config_for` on this rank's groups).
 
@@ -200,7 +212,8 @@ def resolve_sp_config(backend: str, *, sp_size: int | None = None, kernel: str =
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     init_sp_groups(sp_size)
     sp_group, dp_group = get_sp_group(), get_dp_group()
-    return sp_config_for(backend, dist.get_world_size(sp_group), kernel=kernel, sp_rank=dist.get_rank(sp_group),
+    return sp_config_for(backend, dist.get_world_size(sp_group), kernel=kernel, heads_per_call=heads_per_call,
+                         sp_rank=dist.get_rank(sp_group),
                          dp_rank=0 if dp_group is None else dist.get_rank(dp_group),
                          dp_size=1 if dp_group is None else dist.get_world_size(dp_group),
                          **option_values)  # fmt: skip

@@ -271,7 +271,8 @@ def sp_config(args) -> SPConfig:
     process group of one, so the SP code runs unchanged); a bad flag exits with one line naming it."""
     options = backend_options(args)
     with exit_on(ValueError, flag="" if args.sp_size is None else f"--sp-size {args.sp_size}: ", alike=True):
-        return resolve_sp_config(args.parallel_mode, sp_size=args.sp_size, kernel=args.kernel, **options)
+        return resolve_sp_config(args.parallel_mode, sp_size=args.sp_size, kernel=args.kernel,
+                                 heads_per_call=args.attn_heads_per_call, **options)  # fmt: skip
 
 
 def backend_options(args) -> dict:

@@ -28,10 +28,11 @@ from easy_context.core.ring_schedule import RingSchedule
 from easy_context.core.shape_check import check_local_shapes
 from easy_context.core.spans import Span, spans_of
 from easy_context.core.windows import check_window
-from easy_context.kernels import KERNEL_NAMES, default_scale, get_kernel
+from easy_context.kernels import KERNEL_NAMES, MATH, default_scale, get_kernel
 from easy_context.kernels.base import check_shapes
 
 AttnFunc = Callable[..., torch.Tensor]
+KERNEL_OPTIONS = ("kernel", "heads_per_call")  # options of the local kernel, not of the backend's layout
 _VARIANT_NAMES = {
     "documents": "document masking (packed documents: position_ids that restart inside a row)",
     "window": "sliding-window attention",
@@ -214,9 +215,12 @@ class SeqAlgo:
             fields["infeasible"] = f"{self.name}: {why}"
         return Layout(self.name, world_size, multiple, **fields)
 
-    def attn_func(self, kernel: str = "auto", **kw) -> AttnFunc:
+    def attn_func(self, kernel: str = "auto", heads_per_call: int | None = None, **kw) -> AttnFunc:
+        """The attention on local shards with ``kernel``, at most ``heads_per_call`` query heads per kernel call
+        (:meth:`~easy_context.kernels.base.AttnKernel.with_heads_per_call`), and the backend's options ``kw``."""
         if kernel not in KERNEL_NAMES:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {KERNEL_NAMES}")
+        MATH.with_heads_per_call(heads_per_call)  # a bad value is refused here, not at the first forward
         opts = self._options(kw)
         algo = self
         pad_hint = seq_multiple_call(algo.name, "world_size", kw)
@@ -252,6 +256,7 @@ class SeqAlgo:
             _check_sinks(algo.name, sinks, q)
             needs = (("softcap",) if softcap else ()) + (("band",) if window is not None else ())
             kern = get_kernel(kernel, q.device, q.dtype, q.shape[-1], needs).with_softcap(softcap)
+            kern = kern.with_heads_per_call(heads_per_call)
             if documents is not None:
                 documents.check(algo.name, q.shape[1] * world, q.shape[0])
             extra = {name: x for name, x in (("documents", documents), ("window", window), ("sinks", sinks))

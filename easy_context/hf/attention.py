@@ -31,7 +31,7 @@ import torch.distributed as dist
 from easy_context.core.documents import Documents, cached_on, documents_from_cu_seqlens, local_documents
 from easy_context.core.groups import get_sp_group
 from easy_context.core.registry import get_attn_func, get_seq_algo
-from easy_context.core.seq_algo import SeqAlgo
+from easy_context.core.seq_algo import KERNEL_OPTIONS, SeqAlgo
 from easy_context.hf.kv_cache import active_cache
 
 
@@ -115,7 +115,7 @@ def _documents(algo: SeqAlgo, options: dict[str, Any], query: torch.Tensor, kwar
     """The documents of this call: from ``cu_seq_lens_q`` when transformers passes it, else from ``position_ids``."""
     position_ids = kwargs.get("position_ids")
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    opts = {k: v for k, v in options.items() if k != "kernel"}
+    opts = {k: v for k, v in options.items() if k not in KERNEL_OPTIONS}
     docs = None if position_ids is None else local_documents(algo, position_ids, **opts)
     if cu_q is None:
         return docs

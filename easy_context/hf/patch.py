@@ -45,7 +45,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from easy_context.core.documents import local_documents
 from easy_context.core.groups import get_sp_group
 from easy_context.core.registry import checked_documents, get_seq_algo
-from easy_context.core.seq_algo import SeqAlgo
+from easy_context.core.seq_algo import KERNEL_OPTIONS, SeqAlgo
 from easy_context.hf.attention import attention_calls, make_hf_attention, sp_world
 from easy_context.hf.kv_cache import active_cache
 from easy_context.hf.support import (
@@ -128,7 +128,7 @@ def _guard_inputs(algo: SeqAlgo, options: dict[str, Any], name: str, own: str):
     runs the model's own attention: transformers builds its masks and cache only for its own implementations, and its
     numbers are the reference there; the post-hook (run even when the forward raises) switches back to ours."""
     seq_algo, sharded = algo.name, algo.distributed
-    layout_opts = {k: v for k, v in options.items() if k != "kernel"}
+    layout_opts = {k: v for k, v in options.items() if k not in KERNEL_OPTIONS}
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         names = list(inspect.signature(module.forward).parameters)[: len(args)]

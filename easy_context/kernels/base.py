@@ -79,6 +79,7 @@ class AttnKernel:
     supports: frozenset[str] = frozenset()
     softcap: float | None = None
     skips_band_tiles: bool = False
+    heads_per_call: int | None = None  # a memory bound set by :meth:`with_heads_per_call` (None: whole calls)
 
     def with_softcap(self, softcap: float | None) -> AttnKernel:
         """This kernel capping every score at ``softcap`` (``cap * tanh(s / cap)``); itself for None."""
@@ -86,6 +87,17 @@ class AttnKernel:
             return self
         self.require("softcap")
         return replace(self, softcap=float(softcap))
+
+    def with_heads_per_call(self, heads: int | None) -> AttnKernel:
+        """This kernel called on at most ``heads`` query heads at a time; itself for None. Attention is independent
+        per head, so the split is exact; what it saves is the backward's memory, which scales with the heads of a
+        call: the fp32 dq accumulator, the kernel's dq/dk/dv and, under GQA, the dK/dV it computes per query head
+        before summing each group (the K/V heads of a call are summed here in fp32 instead)."""
+        if heads is None:
+            return self
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise ValueError(f"heads_per_call must be a positive integer or None, got {heads!r}")
+        return replace(self, heads_per_call=heads)
 
     def require(self, variant: str) -> None:
         """:class:`VariantError` naming the kernels that can, unless this kernel computes ``variant``."""
@@ -105,7 +117,7 @@ class AttnKernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         check_shapes(q, k, v, causal)
         kw = self._variant_kw(band)
-        groups = head_groups(q, k, expands_kv=self.expands_kv)
+        groups = head_groups(q, k, expands_kv=self.expands_kv, max_heads=self.heads_per_call)
         if groups is None:
             return self.forward_impl(q, k, v, causal, softmax_scale, **kw)
         outs, lses = zip(*(self.forward_impl(q[:, :, qs].contiguous(), k[:, :, ks].contiguous(),
@@ -126,7 +138,7 @@ class AttnKernel:
         band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kw = self._variant_kw(band)
-        groups = head_groups(q, k, expands_kv=self.expands_kv)
+        groups = head_groups(q, k, expands_kv=self.expands_kv, max_heads=self.heads_per_call)
         if groups is None:
             return self.backward_impl(dout, q, k, v, out, lse, causal, softmax_scale, **kw)
         dq = torch.empty_like(q)
@@ -149,10 +161,11 @@ MAX_KERNEL_ELEMENTS = int(os.environ.get("EASY_CONTEXT_MAX_KERNEL_ELEMENTS", 2**
 
 
 def head_groups(
-    q: torch.Tensor, k: torch.Tensor, limit: int | None = None, expands_kv: bool = False
+    q: torch.Tensor, k: torch.Tensor, limit: int | None = None, expands_kv: bool = False, max_heads: int | None = None
 ) -> list[tuple[slice, slice]] | None:
     """(query-head slice, K/V-head slice) pairs splitting one call into calls whose q, k, v, out and fp32
-    workspaces each stay within ``limit`` elements; None when one call already does (the common case).
+    workspaces each stay within ``limit`` elements and that take at most ``max_heads`` query heads (None: any);
+    None when one call already does (the common case).
     ``expands_kv``: the kernel repeats K/V to the query heads, so K/V count with the query heads of the call.
 
     Attention is independent per head, so the split is exact. Chunks hold whole GQA groups when they can; past
@@ -164,20 +177,29 @@ def head_groups(
     per_q_head, per_kv_head = b * sq * d, b * sk * d
     rep = hq // hkv
     kv_heads = (lambda c: c) if expands_kv else (lambda c: max(1, c // rep))  # K/V heads of a call with c q heads
-    if max(per_q_head * hq, per_kv_head * kv_heads(hq)) <= limit:
-        return None
+    most = hq if max_heads is None else max_heads
     if max(per_q_head, per_kv_head) > limit:
         raise ValueError(
             f"attention of one head over {max(sq, sk)} tokens (batch {b}, head_dim {d}) exceeds {limit} elements "
             "per kernel call; shard the sequence over more ranks (sequence parallelism)"
         )
-    for n in range(2, hq + 1):  # fewest chunks that fit, aligned to the GQA groups
-        if hq % n or (n <= hkv and hkv % n) or (n > hkv and n % hkv):
+    c = call_heads(hq, hkv, lambda c: per_q_head * c <= limit and per_kv_head * kv_heads(c) <= limit and c <= most)
+    if c is None:
+        raise ValueError(f"cannot split {hq} query / {hkv} key-value heads into kernel calls of <= {limit} elements")
+    if c == hq:
+        return None
+    return [(slice(i * c, (i + 1) * c), slice(i * c // rep, (i * c + c - 1) // rep + 1)) for i in range(hq // c)]
+
+
+def call_heads(hq: int, hkv: int, fits: Callable[[int], bool]) -> int | None:
+    """The most query heads per kernel call (``hq`` split into the fewest equal chunks) that ``fits`` and keeps the
+    GQA groups aligned (a call holds whole groups, or a part of one group); None when no chunk fits."""
+    for n in range(1, hq + 1):
+        if hq % n or (1 < n <= hkv and hkv % n) or (n > hkv and n % hkv):
             continue
-        c = hq // n
-        if per_q_head * c <= limit and per_kv_head * kv_heads(c) <= limit:
-            return [(slice(i * c, (i + 1) * c), slice(i * c // rep, (i * c + c - 1) // rep + 1)) for i in range(n)]
-    raise ValueError(f"cannot split {hq} query / {hkv} key-value heads into kernel calls of <= {limit} elements")
+        if fits(hq // n):
+            return hq // n
+    return None
 
 
 def check_shapes(

@@ -59,6 +59,13 @@ def build_parser() -> ArgumentParser:
         metavar="K",
         help="keep every K-th layer input, regenerate the others (as train.py --checkpoint-every)",
     )
+    ap.add_argument(
+        "--attn-heads-per-call",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N query heads per attention kernel call (as train.py --attn-heads-per-call)",
+    )
     ap.add_argument("--vocab-size", type=int, default=None, help="override the vocab (presets default to 32000)")
     ap.add_argument("--frag", type=float, default=0.10, help="allocator fragmentation overhead (0.10 = 10%%)")
     ap.add_argument("--cuda-reserve", default="1.5GB", help="CUDA context and runtime per GPU")
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         pinned_pow2=not args.no_pinned_pow2,
         norm=args.norm or "eager",
         checkpoint_every=args.checkpoint_every,
+        attn_heads_per_call=args.attn_heads_per_call,
         **{k: v for k, v in registry.option_values(args).items() if k in Setup.__dataclass_fields__},
     )
     options = [OPTION_BY_NAME[o] for o in args.options]

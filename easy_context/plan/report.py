@@ -92,6 +92,8 @@ def train_flags(shape: ModelShape, setup: Setup, mode: str, config: str, seq: in
     flags.append("--loss " + ("chunked" if option.chunked_loss else "plain"))
     if setup.norm == "chunked":
         flags.append("--chunked-rmsnorm")
+    if setup.attn_heads_per_call:
+        flags.append(f"--attn-heads-per-call {setup.attn_heads_per_call}")
     if setup.optim == "host_adamw":
         flags.append("--optimizer host_adamw")
     return " ".join(flags)

@@ -45,6 +45,7 @@ class Setup:
     ring_degree: int | None = None  # usp_attn; None: the repo's default, else the next feasible
     norm: str = "eager"  # RMSNorm autograd: "eager" (transformers') or "chunked" (enable_chunked_rmsnorm)
     checkpoint_every: int = 1  # keep every K-th layer input, regenerate the others (strided_checkpoint)
+    attn_heads_per_call: int | None = None  # query heads per attention kernel call (None: whole calls)
 
     def __post_init__(self):
         if self.optim not in OPTIMS:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from easy_context.core.layout import Layout
+from easy_context.kernels.base import call_heads
 from easy_context.models.shapes import ModelShape
 from easy_context.plan.budget import Budget, Term
 from easy_context.plan.options import MemOption
@@ -175,14 +176,16 @@ def _qk_norms_saved(shape: ModelShape, chunked_norm: bool, u: _Units) -> list[Te
                  per_token=_eager_saved(shape) * (u.Q + u.K) + rstd)]  # fmt: skip
 
 
-def _sandwich_norms_saved(shape: ModelShape, chunked_norm: bool, u: _Units) -> list[Term]:
-    """What the norms on the attention's and the MLP's outputs save (Gemma 2/3), both alive through the layer's
-    backward (counted whole: the MLP's is freed first)."""
+def _sandwich_norms_saved(shape: ModelShape, chunked_norm: bool, u: _Units, norms: int) -> list[Term]:
+    """What the norms on the attention's and the MLP's outputs save (Gemma 2/3): ``norms`` = 2 in the MLP's backward
+    (the post-MLP norm's backward runs just before it: its saved input or its dx), 1 in the pre-MLP norm's (the
+    post-attention norm's, consumed before the attention's backward)."""
     if not shape.sandwich_norms:
         return []
     each = u.A + 4 if chunked_norm else _eager_saved(shape) * u.A + 4
-    how = "their inputs (by reference)" if chunked_norm else "fp32 copies + x_hat"
-    return [Term(f"post-attention + post-MLP norms saved: {how} + fp32 rstd", per_token=2 * each)]
+    how = "inputs (by reference)" if chunked_norm else "fp32 copies + x_hat"
+    which = "post-attention + post-MLP norms" if norms == 2 else "post-attention norm"
+    return [Term(f"{which} saved: {how} + fp32 rstd", per_token=norms * each)]
 
 
 def _post_norm_saved(shape: ModelShape, chunked_norm: bool, u: _Units) -> Term:
@@ -256,7 +259,34 @@ def _norm_bwd(shape: ModelShape, chunked_norm: bool, u: _Units, common: list[Ter
                      Term("eager RMSNorm backward fp32 temporaries (5 x s x h x 4 B)", per_token=10 * A)]  # fmt: skip
 
 
-def _attn_bwd(lay: Layout, u: _Units, common: list[Term]) -> list[Term]:
+def _kernel_bwd(shape: ModelShape, setup: Setup, lay: Layout, u: _Units, block: str) -> list[Term]:
+    """The local kernel's backward: its dq, dk, dv, workspace and GQA expansion, for whole calls or, with
+    ``attn_heads_per_call``, calls of a few query heads (:func:`easy_context.kernels.base.head_groups`)."""
+    Q, Kr, LSE, Qf = u.Q, u.Kr, u.LSE, u.Qf
+    hq, hkv = shape.heads // lay.ulysses, max(1, shape.kv_heads * lay.kv_rep // lay.ulysses)  # this rank's heads
+    most = setup.attn_heads_per_call or hq
+    c = call_heads(hq, hkv, lambda c: c <= most) or hq
+    if c == hq:
+        terms = [Term(f"{block}kernel dq, dk, dv", per_token=Q + 2 * Kr),
+                 Term("kernel workspace (fp32 dq accum + delta)", per_token=Qf + LSE)]  # fmt: skip
+        if Kr < Q:  # GQA: cuDNN and FA2 compute dK, dV per query head, then sum each group (measured on the H200)
+            terms.append(Term("kernel GQA: dK, dV at the query heads before the group sum", per_token=2 * Q))
+        return terms
+    f = c / hq  # one call's share of the query heads
+    kv_f = max(c * hkv // hq, 1) / hkv  # ... and of the K/V heads
+    shared = c < hq // hkv  # several calls per K/V head: their dK/dV add up in fp32
+    terms = [Term(f"{block}dq assembled + dK, dV accumulators ({'fp32' if shared else 'bf16'})",
+                  per_token=Q + 2 * Kr * (2 if shared else 1)),
+             Term(f"one call of {c} query heads: dout, q, out slices + k, v slices", per_token=3 * Q * f
+                  + (2 * Kr * kv_f if kv_f < 1 else 0)),
+             Term(f"one call of {c} query heads: its dq, dk, dv", per_token=Q * f + 2 * Kr * kv_f),
+             Term(f"one call of {c} query heads: workspace (fp32 dq accum + delta)", per_token=(Qf + LSE) * f)]  # fmt: skip
+    if c > max(1, c * hkv // hq):  # a call still holds several query heads per K/V head
+        terms.append(Term("one call's GQA: dK, dV at its query heads", per_token=2 * Q * f))
+    return terms
+
+
+def _attn_bwd(shape: ModelShape, setup: Setup, lay: Layout, u: _Units, common: list[Term]) -> list[Term]:
     """``attn bwd``: the backward of the distributed attention, with the mode's backward buffers."""
     Q, Kr, LSE, Qf = u.Q, u.Kr, u.LSE, u.Qf
     bwd = common + [
@@ -271,14 +301,11 @@ def _attn_bwd(lay: Layout, u: _Units, common: list[Term]) -> list[Term]:
         bwd.append(Term("ring: fp32 dq accumulator", per_token=Qf))
         bwd.append(Term("ring: fp32 dK/dV travelling" + (" + in flight" if lay.ring > 1 else ""),
                         per_token=4 * Kr * (2 if lay.ring > 1 else 1)))  # fmt: skip
-        bwd.append(Term("one block's kernel dq, dk, dv", per_token=Q + 2 * Kr))
+        bwd += _kernel_bwd(shape, setup, lay, u, "one block's ")
         if lay.borrows_queries:
             bwd.append(Term("dist_flash: borrowed q, dout, out, lse + fp32 partial dq", per_token=3 * Q + LSE + Qf))
     else:
-        bwd.append(Term("kernel dq, dk, dv", per_token=Q + 2 * Kr))
-    bwd.append(Term("kernel workspace (fp32 dq accum + delta)", per_token=Qf + LSE))
-    if Kr < Q:  # GQA: cuDNN and FA2 compute dK, dV per query head, then sum each group (measured on the H200)
-        bwd.append(Term("kernel GQA: dK, dV at the query heads before the group sum", per_token=2 * Q))
+        bwd += _kernel_bwd(shape, setup, lay, u, "")
     return bwd
 
 
@@ -298,13 +325,15 @@ def _layer_working_sets(shape: ModelShape, setup: Setup, lay: Layout, option: Me
     chunked_norm = setup.norm == "chunked"
     norm1 = _input_norm(shape, chunked_norm, u) + _qk_norms_saved(shape, chunked_norm, u)
     dy = Term("dy (grad from the layer above)", per_token=u.A)
-    common = norm1 + _sandwich_norms_saved(shape, chunked_norm, u) + [_attention_saved(lay, u)]
+    common = norm1 + [_attention_saved(lay, u)]
     post_saved = _post_norm_saved(shape, chunked_norm, u)
+    mlp_side = common + _sandwich_norms_saved(shape, chunked_norm, u, norms=2)
+    norm_side = common + _sandwich_norms_saved(shape, chunked_norm, u, norms=1)
     sets = {
         "attn fwd": _attn_fwd(lay, u, norm1, dy),
-        "mlp bwd": _mlp_bwd(shape, setup, option, u, common, dy, post_saved),
-        "norm bwd": _norm_bwd(shape, chunked_norm, u, common, dy, post_saved),
-        "attn bwd": _attn_bwd(lay, u, common),
+        "mlp bwd": _mlp_bwd(shape, setup, option, u, mlp_side, dy, post_saved),
+        "norm bwd": _norm_bwd(shape, chunked_norm, u, norm_side, dy, post_saved),
+        "attn bwd": _attn_bwd(shape, setup, lay, u, common),
     }
     if shape.qk_norm:
         sets["qk norm bwd"] = _qk_norm_bwd(shape, chunked_norm, u, common)

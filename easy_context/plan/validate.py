@@ -97,7 +97,8 @@ def validate_probe(row: dict, **setup_kw) -> dict:
               optim=PROBE_OPTIMIZERS[row.get("optimizer", "host_adamw")],
               mlp_tile_tokens=_flag(command, "--mlp-tile-tokens") or 8192,
               norm="chunked" if re.search(r"--chunked-rmsnorm\b", command) else "eager",
-              checkpoint_every=int(row.get("checkpoint_every", 1)))  # fmt: skip
+              checkpoint_every=int(row.get("checkpoint_every", 1)),
+              attn_heads_per_call=_flag(command, "--attn-heads-per-call"))  # fmt: skip
     setup = Setup(**(kw | {k: v for k, v in setup_kw.items() if v is not None}))
     option = parse_config("offload-split+tiled+chunked")
     k = int(row["offload_layers"])

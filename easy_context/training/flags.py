@@ -137,6 +137,9 @@ def build_parser(description: str | None = None) -> cli.ArgumentParser:
     p.add_argument(
         "--tiled-mlp", type=cli.non_negative_int, default=0, metavar="TILES", help="run MLPs over this many tiles"
     )
+    p.add_argument("--attn-heads-per-call", type=cli.positive_int, default=None, metavar="N",
+                   help="call the attention kernel on at most N query heads at a time (same values; the backward's "
+                        "workspace and GQA dK/dV shrink with N: the long-context attention peak)")  # fmt: skip
     p.add_argument(
         "--compile",
         action="store_true",

@@ -128,3 +128,54 @@ def test_checkpoint_every_stores_one_input_per_group():
     assert one == predict(shape, base, "ulysses_attn", cfg).max_seq and one < 5_000_000 < two
     with pytest.raises(ValueError, match="checkpoint_every"):
         replace(base, checkpoint_every=0)
+
+
+# ------------------------------------------------------------------------ Gemma 3's layer and split kernel calls
+def _gemma_budget(**kw):
+    setup = Setup(gpus=1, gpu_mem=parse_size("24GB"), host_mem=parse_size("128GB"), optim="host_adamw", **kw)
+    return build_budget(load_model_shape("shape:gemma-3-270m"), setup, "data_parallel",
+                        parse_config("offload+tiled+chunked"))  # fmt: skip
+
+
+def _per_token(budget, phase: str) -> float:
+    return sum(t.per_token for t in budget.phases[phase])
+
+
+def test_gemma3_layer_terms_counted_by_hand():
+    """Gemma-3-270M (h 640, 4 query heads of 256 on 1 K/V head): its per-token bytes in the attention's backward,
+    summed by hand from what each op of the layer keeps (bf16 activations: A = 1280, Q = 2048, K = 512 bytes):
+    the RoPE tables of both layer types, the q/k norms' saved inputs, and, chunked, no fp32 copy anywhere."""
+    shape = load_model_shape("shape:gemma-3-270m")
+    assert (shape.qk_norm, shape.sandwich_norms, shape.gemma_norm, shape.rope_tables) == (True, True, True, 2)
+    assert shape.params == 268_098_176  # what transformers builds (test_shape_models_build...: the meta device)
+    A, Q, K, LSE = 1280, 2048, 512, 16
+    rope, ids = 2 * 2 * 256 * 2, 24  # cos + sin of 256 bf16 per table, 2 tables; ids, labels, positions
+    chunked = _gemma_budget(norm="chunked")
+    layer = (A + 4) + A + (Q + K + 4 * 5) + (2 * Q + 2 * K + LSE)  # x (+ rstd), n1, q/k norms, attention saved
+    grads = A + Q  # d h1, d out
+    kernel = (Q + 2 * K) + (2 * Q + LSE) + 2 * Q  # dq, dk, dv; fp32 dq accumulator + delta; GQA dK, dV per q head
+    assert _per_token(chunked, "attn bwd @ layer 0") == pytest.approx(layer + grads + kernel)
+    assert sum(t.per_token for t in chunked.gpu_persistent) == pytest.approx(rope + ids)
+    eager = _gemma_budget(norm="eager")
+    # eager: the input norm keeps an fp32 copy + fp32 x_hat (4A) instead of x, the q/k norms the same of q and k
+    diff = (4 * A - A) + 4 * (Q + K) - (Q + K)
+    assert _per_token(eager, "attn bwd @ layer 0") - _per_token(chunked, "attn bwd @ layer 0") == pytest.approx(diff)
+    assert max(_per_token(eager, p) for p in eager.phases) > 1.9 * _per_token(chunked, "attn bwd @ layer 0")
+
+
+def test_split_kernel_calls_shrink_the_attention_backward():
+    """``attn_heads_per_call`` 1 on Gemma-3-270M: the kernel's whole-call dq/dk/dv, workspace and GQA expansion
+    (Q + 2K + 2Q + LSE + 2Q per token) become dq assembled whole + fp32 dK/dV accumulators + one call's dK, dV of
+    the one K/V head + a quarter of the rest (Q + 4K + 2K + (3Q slices + Q + 2Q + LSE) / 4); the longest 24 GB step
+    grows."""
+    Q, K, LSE = 2048, 512, 16
+    whole, split = _gemma_budget(norm="chunked"), _gemma_budget(norm="chunked", attn_heads_per_call=1)
+    before = (Q + 2 * K) + (2 * Q + LSE) + 2 * Q
+    after = Q + 4 * K + 2 * K + (3 * Q + Q + 2 * Q + LSE) / 4
+    got = _per_token(whole, "attn bwd") - _per_token(split, "attn bwd")
+    assert got == pytest.approx(before - after)
+    setup = dict(gpus=1, gpu_mem=parse_size("24GB"), host_mem=parse_size("128GB"), optim="host_adamw", norm="chunked")
+    shape, option = load_model_shape("shape:gemma-3-270m"), parse_config("offload+tiled+chunked")
+    p_whole = predict(shape, Setup(**setup), "data_parallel", option)
+    p_split = predict(shape, Setup(**setup, attn_heads_per_call=1), "data_parallel", option)
+    assert p_split.max_seq > 1.1 * p_whole.max_seq

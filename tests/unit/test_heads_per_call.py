@@ -1,0 +1,75 @@
+"""``heads_per_call`` (``train.py --attn-heads-per-call``): the local kernel called on a few query heads at a time gives
+plain torch's attention and transformers' model, and its calls never hold more heads than asked."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from easy_context.kernels import KERNELS, get_kernel
+from easy_context.kernels.base import AttnKernel
+from easy_context.sp_config import sp_config_for
+from tests.support.reference import rel_err
+
+
+def _rand(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3])
+def test_split_calls_match_plain_torch(heads):
+    """6 query heads on 2 K/V heads (GQA 3): calls of <= ``heads`` query heads (1: heads of one group sharing its
+    K/V head, their dK/dV summed; 2: no call of 2 stays inside one group, so 1; 3: whole groups), out / lse / dq /
+    dk / dv equal to fp64 torch SDPA."""
+    q, dout = _rand(2, 20, 6, 16, seed=1), _rand(2, 20, 6, 16, seed=2)
+    k, v = _rand(2, 20, 2, 16, seed=3), _rand(2, 20, 2, 16, seed=4)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    rep = lambda x: x.repeat_interleave(3, 2).transpose(1, 2)  # noqa: E731
+    ref = torch.nn.functional.scaled_dot_product_attention(leaves[0].transpose(1, 2), rep(leaves[1]), rep(leaves[2]),
+                                                           is_causal=True, scale=0.25).transpose(1, 2)  # fmt: skip
+    ref.backward(dout.double())
+    seen = []
+    cpu = KERNELS["cpu"]
+    spy = AttnKernel("spy", lambda *a, **kw: seen.append(a[0].shape[2]) or cpu.forward_impl(*a, **kw),
+                     lambda *a, **kw: seen.append(a[1].shape[2]) or cpu.backward_impl(*a, **kw)).with_heads_per_call(
+        heads)  # fmt: skip
+    out, lse = spy.forward(q, k, v, True, 0.25)
+    dq, dk, dv = spy.backward(dout, q, k, v, out, lse, True, 0.25)
+    assert max(seen) == {1: 1, 2: 1, 3: 3}[heads] and len(seen) == 2 * 6 // max(seen)
+    assert rel_err(out, ref) < 1e-5
+    for got, leaf in zip((dq, dk, dv), leaves):
+        assert got.shape == leaf.shape and got.dtype == torch.float32 and rel_err(got, leaf.grad) < 1e-5
+
+
+def test_bad_values_are_refused_before_any_group():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="heads_per_call must be a positive integer"):
+            sp_config_for("data_parallel", 1, heads_per_call=bad)
+
+
+def test_a_gemma3_model_through_split_calls_equals_transformers(monkeypatch):
+    """A tiny Gemma 3 (4 query heads on 1 K/V head, a sliding layer and a global one) switched to data_parallel with
+    one query head per call: every kernel call holds one head, and the loss and every gradient equal transformers'
+    own sdpa model's."""
+    from tests.distributed.test_memory import _loss_and_grads
+    from tests.unit.test_rmsnorm import _gemma3
+
+    cpu, seen = KERNELS["cpu"], []
+    spy = AttnKernel("cpu", lambda *a, **kw: seen.append(a[0].shape[2]) or cpu.forward_impl(*a, **kw),
+                     lambda *a, **kw: seen.append(a[1].shape[2]) or cpu.backward_impl(*a, **kw),
+                     supports=cpu.supports)  # fmt: skip
+    monkeypatch.setitem(KERNELS, "cpu", spy)
+    get_kernel("cpu", "cpu", torch.float32, 16)  # the kernel's one-time probe (whole calls) before we count
+    seen.clear()
+    ref = _gemma3()
+    model = copy.deepcopy(ref)
+    sp = sp_config_for("data_parallel", 1, kernel="cpu", heads_per_call=1)
+    assert sp.attn_func() is not None and sp.heads_per_call == 1
+    sp.attach(model)
+    ref_loss, ref_grads = _loss_and_grads(ref)
+    loss, grads = _loss_and_grads(model)
+    assert set(seen) == {1} and len(seen) >= 2 * 2 * 4  # 2 layers x (forward + backward) x 4 heads (+ band tiles)
+    assert rel_err(loss, ref_loss) < 1e-5
+    assert max(rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-4
