@@ -46,7 +46,8 @@ class SPConfig:
     ``backend``: a registered backend name (``zigzag_ring_attn``, ``data_parallel``, ...); ``options``: its options
     with defaults resolved (``{"ring_degree": 2}`` for usp_attn); ``kernel``: the local attention kernel
     (``"auto"``: the first that works on the device); ``heads_per_call``: at most this many query heads per kernel
-    call (:meth:`~easy_context.kernels.base.AttnKernel.with_heads_per_call`); ``sp_rank`` / ``sp_size``: this rank in its sequence group;
+    call (:meth:`~easy_context.kernels.base.AttnKernel.with_heads_per_call`); ``sp_rank`` / ``sp_size``: this rank
+    in its sequence group;
     ``dp_rank`` / ``dp_size``: its sequence group among the replicas (``sp_size * dp_size == world_size``).
     """
 

@@ -275,12 +275,14 @@ def _kernel_bwd(shape: ModelShape, setup: Setup, lay: Layout, u: _Units, block: 
     f = c / hq  # one call's share of the query heads
     kv_f = max(c * hkv // hq, 1) / hkv  # ... and of the K/V heads
     shared = c < hq // hkv  # several calls per K/V head: their dK/dV add up in fp32
-    terms = [Term(f"{block}dq assembled + dK, dV accumulators ({'fp32' if shared else 'bf16'})",
-                  per_token=Q + 2 * Kr * (2 if shared else 1)),
-             Term(f"one call of {c} query heads: dout, q, out slices + k, v slices", per_token=3 * Q * f
-                  + (2 * Kr * kv_f if kv_f < 1 else 0)),
-             Term(f"one call of {c} query heads: its dq, dk, dv", per_token=Q * f + 2 * Kr * kv_f),
-             Term(f"one call of {c} query heads: workspace (fp32 dq accum + delta)", per_token=(Qf + LSE) * f)]  # fmt: skip
+    call = f"one call of {c} query heads: "
+    terms = [
+        Term(f"{block}dq assembled + dK, dV accumulators ({'fp32' if shared else 'bf16'})",
+             per_token=Q + 2 * Kr * (2 if shared else 1)),
+        Term(call + "dout, q, out slices + k, v slices", per_token=3 * Q * f + (2 * Kr * kv_f if kv_f < 1 else 0)),
+        Term(call + "its dq, dk, dv", per_token=Q * f + 2 * Kr * kv_f),
+        Term(call + "workspace (fp32 dq accum + delta)", per_token=(Qf + LSE) * f),
+    ]  # fmt: skip
     if c > max(1, c * hkv // hq):  # a call still holds several query heads per K/V head
         terms.append(Term("one call's GQA: dK, dV at its query heads", per_token=2 * Q * f))
     return terms
