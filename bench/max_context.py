@@ -194,6 +194,7 @@ def cap_gpu_memory(size: str, device) -> dict:
     if device.type != "cuda":
         raise SystemExit("error: --gpu-mem-cap needs a CUDA GPU")
     cap = parse_size(size)
+    device = torch.device("cuda", torch.cuda.current_device())  # the fraction API wants an index
     free, total = torch.cuda.mem_get_info(device)  # creates the context
     outside = total - free - torch.cuda.memory_reserved(device)
     if cap <= outside or cap > total:
