@@ -106,7 +106,10 @@ def kernel_works(name: str, device: torch.device | str, dtype: torch.dtype, head
             return False
         ctx = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
         try:
-            with ctx:
+            # the first call often comes inside a checkpointed layer's forward: a probe whose backward runs autograd
+            # (flex recomputes its block) must not save tensors into that checkpoint, or its recompute (no probe
+            # then, the verdict is cached) saves fewer and torch.utils.checkpoint refuses the step
+            with ctx, torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
                 _PROBED[key] = _probe(KERNELS[name], device, dtype, head_dim)
         except torch.OutOfMemoryError:
             return False
@@ -114,6 +117,10 @@ def kernel_works(name: str, device: torch.device | str, dtype: torch.dtype, head
             _PROBED[key] = False
             _PROBE_ERRORS[key] = f"{type(exc).__name__}: {exc}"[:300]
     return _PROBED[key]
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _probe(kernel: AttnKernel, device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:

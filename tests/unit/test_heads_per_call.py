@@ -73,3 +73,30 @@ def test_a_gemma3_model_through_split_calls_equals_transformers(monkeypatch):
     assert set(seen) == {1} and len(seen) >= 2 * 2 * 4  # 2 layers x (forward + backward) x 4 heads (+ band tiles)
     assert rel_err(loss, ref_loss) < 1e-5
     assert max(rel_err(grads[n], ref_grads[n]) for n in ref_grads) < 1e-4
+
+
+def test_a_kernel_probe_inside_a_checkpointed_layer_keeps_its_tensors_out_of_it(monkeypatch):
+    """The first attention call probes the kernel, usually inside a checkpointed layer's forward. A probe that runs
+    autograd and fails (flex on a GPU where its compiled backward does not build: seen on an H100 with head_dim 256)
+    left the tensors it saved in the checkpoint's count; the recompute (the verdict cached: no probe) saved fewer and
+    torch.utils.checkpoint refused the step. Now the probe's tensors stay out of it: the kernel is refused, and the
+    layer's gradient equals the same layer's without checkpointing."""
+    import easy_context.kernels as kernels
+
+    def failing_autograd_probe(kernel, device, dtype, head_dim):
+        x = torch.randn(4, requires_grad=True)
+        (x.exp() * x.sin()).sum()  # saves tensors, as a recompute-based backward's forward does
+        raise RuntimeError("the kernel's backward does not build here")
+
+    monkeypatch.setattr(kernels, "_probe", failing_autograd_probe)
+    monkeypatch.setattr(kernels, "_PROBED", {})
+
+    def layer(x):
+        assert not kernels.kernel_works("cpu", "cpu", torch.float32, 16)
+        return (x.tanh() * x).sum()
+
+    x = torch.randn(8, requires_grad=True)
+    torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False).backward()
+    xr = x.detach().requires_grad_()
+    layer(xr).backward()
+    assert torch.allclose(x.grad, xr.grad)
