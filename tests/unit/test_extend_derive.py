@@ -198,8 +198,10 @@ def test_gemma3_to_256k_on_one_141gb_gpu():
     assert math.isclose(r.learning_rate, gemma.learning_rate, rel_tol=0.1)  # 5.5e-5 vs 5e-5
     assert (r.micro_batch, r.parallel_mode, r.kernel_fallback) == (1, "data_parallel", "auto")
     assert r.baselines == gemma.baselines and (r.needle_min, r.needle_step) == (32 * K, 32 * K)
-    # the planner's full+chunked at 256K: 25 GB, the measured full checkpointing 24.2 GiB (gemma3_256k.yaml)
-    assert r.checkpointing == "full" and 24 < d.plans[-1].gpu_bytes / 1e9 < 28
+    # the planner's full+chunked at 256K with transformers' eager norms (Gemma's four a layer, the q/k norms): 32 GB;
+    # the measured run (gemma3_256k.yaml: 24.2 GiB = 26.0 GB) compiled its norms (--compile), which keeps none of the
+    # eager fp32 copies: the plan is an upper bound of it, within 25 %
+    assert r.checkpointing == "full" and 26.0 < d.plans[-1].gpu_bytes / 1e9 < 1.25 * 26.0
     assert "the global layers only" in r.why["rope-theta"]
 
 
