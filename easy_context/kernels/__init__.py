@@ -41,6 +41,7 @@ SUPPORTS.update({name: frozenset(kern.supports) for name, kern in KERNELS.items(
 # kernel_works refuses other GPUs without compiling anything) > cuDNN > flash-attn pkg > flash > efficient.
 # FlexAttention last: slower than cuDNN on full blocks, it is what auto picks for the variants only it computes without
 # fa4 (band blocks of sliding-window layers, soft-capping), instead of the explicit-softmax math kernel
+CPU_PREFERENCE = ("cpu",)
 CUDA_PREFERENCE = ("fa4", "cudnn", "flash_attn", "flash", "efficient", "flex")
 
 # kernels that take CUDA tensors only (cpu: CPU tensors only; math and auto: any device)
@@ -152,13 +153,13 @@ def _unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, hea
     static = _static_reason(name, device, dtype, head_dim)
     if static is not None:
         return static
-    probe_error = _PROBE_ERRORS.get((name, _device_key(device), dtype, head_dim))
-    if name == "fa4" and probe_error:
-        return f"its probe call failed ({probe_error})"
     if name == "cpu" and device.type != "cpu":
         return "it runs on CPU tensors only"
     if name in ("cudnn", "flash", "efficient") and device.type != "cuda":
         return "it needs CUDA tensors (a GPU build of torch)"
+    probe_error = _PROBE_ERRORS.get((name, _device_key(device), dtype, head_dim))
+    if probe_error:
+        return f"its probe call failed ({probe_error})"
     return f"it does not support {dtype} with head_dim={head_dim} on {device.type} in this torch build"
 
 
@@ -194,14 +195,16 @@ def get_kernel(
     variants ``needs``."""
     device = torch.device(device)
     if name == "auto":
-        candidates = CUDA_PREFERENCE if device.type == "cuda" else ("cpu",)
+        candidates = CUDA_PREFERENCE if device.type == "cuda" else CPU_PREFERENCE
         for cand in candidates:
             if all(n in KERNELS[cand].supports for n in needs) and kernel_works(cand, device, dtype, head_dim):
                 return KERNELS[cand]
         if needs and any(kernel_works(c, device, dtype, head_dim) for c in candidates):
+            able = [c for c in candidates if all(n in KERNELS[c].supports for n in needs)]
+            why = "; ".join(f"{c}: {_unavailable_reason(c, device, dtype, head_dim)}" for c in able)
             warnings.warn(  # same math; shown once per call site
-                f"no fused attention kernel on {device.type} computes {', '.join(needs)}; using the explicit-softmax "
-                "'math' kernel (O(seq_q x seq_k) memory per block)",
+                f"no fused attention kernel on {device.type} computes {', '.join(needs)} here ({why}); using the "
+                "explicit-softmax 'math' kernel (O(seq_q x seq_k) memory per block, slow at long context)",
                 stacklevel=3,
             )
             return MATH

@@ -100,3 +100,24 @@ def test_a_kernel_probe_inside_a_checkpointed_layer_keeps_its_tensors_out_of_it(
     xr = x.detach().requires_grad_()
     layer(xr).backward()
     assert torch.allclose(x.grad, xr.grad)
+
+
+def test_the_math_fallback_names_why_each_band_kernel_was_not_taken(monkeypatch):
+    """A sliding window on a machine where no fused kernel computes a band falls back to the math kernel (slow at long
+    context): the warning names each band-capable kernel and why it was refused, its probe's error included (what
+    would have told us at once that FlexAttention fails at head_dim 256 on an H100)."""
+    import dataclasses
+
+    import easy_context.kernels as kernels
+
+    no_band = dataclasses.replace(KERNELS["cpu"], supports=frozenset())  # works, computes no band (as cuDNN)
+    flexlike = dataclasses.replace(KERNELS["cpu"], name="flexlike")  # computes a band, but its probe failed
+    monkeypatch.setitem(kernels.KERNELS, "cpu", no_band)
+    monkeypatch.setitem(kernels.KERNELS, "flexlike", flexlike)
+    monkeypatch.setattr(kernels, "CPU_PREFERENCE", ("cpu", "flexlike"))
+    monkeypatch.setattr(kernels, "kernel_works", lambda name, *a: name == "cpu")
+    key = ("flexlike", kernels._device_key(torch.device("cpu")), torch.float32, 16)
+    monkeypatch.setitem(kernels._PROBE_ERRORS, key, "OutOfResources: shared memory")
+    want = r"computes band here \(flexlike: its probe call failed \(OutOfResources: shared memory\)\)"
+    with pytest.warns(UserWarning, match=want):
+        assert kernels.get_kernel("auto", "cpu", torch.float32, 16, needs=("band",)) is kernels.MATH
