@@ -77,9 +77,9 @@ def split_parity_worker(rank, world, algo, opts, case, dtype_name):
 
     original, split = base.head_groups, []
 
-    def one_head_per_call(q, k, limit=None, expands_kv=False):
+    def one_head_per_call(q, k, limit=None, expands_kv=False, max_heads=None):
         b, sq, hq, d = q.shape
-        groups = original(q, k, max(b * sq * d, b * k.shape[1] * d), expands_kv)
+        groups = original(q, k, max(b * sq * d, b * k.shape[1] * d), expands_kv, max_heads)
         split.append(groups is not None or hq == 1)
         return groups
 
