@@ -25,7 +25,8 @@ from easy_context.core.groups import get_dp_group, get_sp_group, init_sp_groups
 from easy_context.core.layout import Layout
 from easy_context.core.registry import get_seq_algo, unknown_mode_error
 from easy_context.core.seq_algo import SeqAlgo
-from easy_context.kernels import KERNEL_NAMES, MATH
+from easy_context.kernels import KERNEL_NAMES
+from easy_context.kernels.base import check_heads_per_call
 
 
 class LocalBatch(NamedTuple):
@@ -187,7 +188,7 @@ def sp_config_for(backend: str, sp_size: int, *, kernel: str = "auto", sp_rank: 
     layout = algo.layout(sp_size, sp_size, sp_size, **options)
     if layout.infeasible:
         raise ValueError(f"{layout.infeasible} ({sp_size} ranks per sequence)")
-    MATH.with_heads_per_call(heads_per_call)  # a bad value: ValueError here, before any group
+    check_heads_per_call(heads_per_call)
     return SPConfig(backend, dict(layout.options), kernel, sp_rank, sp_size, dp_rank, dp_size, heads_per_call)
 
 

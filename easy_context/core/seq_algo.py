@@ -28,8 +28,8 @@ from easy_context.core.ring_schedule import RingSchedule
 from easy_context.core.shape_check import check_local_shapes
 from easy_context.core.spans import Span, spans_of
 from easy_context.core.windows import check_window
-from easy_context.kernels import KERNEL_NAMES, MATH, default_scale, get_kernel
-from easy_context.kernels.base import check_shapes
+from easy_context.kernels import KERNEL_NAMES, default_scale, get_kernel
+from easy_context.kernels.base import check_heads_per_call, check_shapes
 
 AttnFunc = Callable[..., torch.Tensor]
 KERNEL_OPTIONS = ("kernel", "heads_per_call")  # options of the local kernel, not of the backend's layout
@@ -220,7 +220,7 @@ class SeqAlgo:
         (:meth:`~easy_context.kernels.base.AttnKernel.with_heads_per_call`), and the backend's options ``kw``."""
         if kernel not in KERNEL_NAMES:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {KERNEL_NAMES}")
-        MATH.with_heads_per_call(heads_per_call)  # a bad value is refused here, not at the first forward
+        check_heads_per_call(heads_per_call)  # refused here, not at the first forward
         opts = self._options(kw)
         algo = self
         pad_hint = seq_multiple_call(algo.name, "world_size", kw)

@@ -93,11 +93,7 @@ class AttnKernel:
         per head, so the split is exact; what it saves is the backward's memory, which scales with the heads of a
         call: the fp32 dq accumulator, the kernel's dq/dk/dv and, under GQA, the dK/dV it computes per query head
         before summing each group (the K/V heads of a call are summed here in fp32 instead)."""
-        if heads is None:
-            return self
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ValueError(f"heads_per_call must be a positive integer or None, got {heads!r}")
-        return replace(self, heads_per_call=heads)
+        return self if check_heads_per_call(heads) is None else replace(self, heads_per_call=heads)
 
     def require(self, variant: str) -> None:
         """:class:`VariantError` naming the kernels that can, unless this kernel computes ``variant``."""
@@ -153,6 +149,13 @@ class AttnKernel:
             dk[:, :, ks] += g[1]
             dv[:, :, ks] += g[2]
         return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+def check_heads_per_call(heads: int | None) -> int | None:
+    """``heads`` when it is None or a positive integer; else ``ValueError`` naming the value."""
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"heads_per_call must be a positive integer or None, got {heads!r}")
+    return heads
 
 
 # Fused attention kernels index with 32-bit offsets in places: measured on an H200 (torch 2.11, cuDNN SDPA), one
