@@ -392,6 +392,16 @@ def stop() -> None:
     _STATE.clear()
 
 
+def forkable_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this process's values of the variables read while the preloaded modules import: a test that
+    gives its command a trimmed environment keeps the fork (a child whose values differ from the zygote's runs in a
+    fresh interpreter)."""
+    return {
+        **{k: v for k, v in env.items() if not _sensitive(k)},
+        **{k: v for k, v in os.environ.items() if _sensitive(k)},
+    }
+
+
 def python() -> str:
     """The interpreter for a test's subprocess: the zygote's shim (the zygote starts on the first call), or
     ``sys.executable`` with ``EC_ZYGOTE=0``."""
