@@ -227,7 +227,7 @@ def test_micro_pipeline_end_to_end(tmp_path):
     env = {**os.environ, "DEVICE": "cpu", "MICRO": "1", "NPROC": "2", "PARALLEL_MODE": "ulysses_attn",
            "BASELINES": "base yarn", "WORK": str(tmp_path / "w"), "PY": zygote.python(),
            "NEEDLE_STEP": "768", "PPL_SAMPLES": "2",  # needles at 256 and 1024: every stage, fewer prompts
-           "CORPUS_CHARS": "3e5",  # ~250K tokens: rows for every stage (4 steps of 1 row), not 1.7M tokens to pack
+           "CORPUS_CHARS": "3e5", "NUM_PROC": "1",  # ~175K tokens, packed in-process: rows for 4 one-row steps
            "OMP_NUM_THREADS": "1"}  # fmt: skip  # training beside the evaluations: 2 threads each thrash 2 cores
     res = run_job(["bash", "train_scripts/extend.sh", "train_scripts/gemma3_256k.yaml"], cwd=ROOT, env=env,
                   timeout=900)  # fmt: skip
