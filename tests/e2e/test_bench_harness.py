@@ -18,6 +18,16 @@ sys.path.insert(0, BENCH)
 import isolated_run  # noqa: E402
 import max_context  # noqa: E402
 
+from tests.support import zygote  # noqa: E402
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    """The harness's fresh processes (a probe, ``accelerate launch`` and its ranks) forked from the zygote
+    (tests/support/zygote.py): the same programs, without ~9 s of imports each; these tests are about the harness's
+    search, rows and errors, not about process start."""
+    monkeypatch.setattr(sys, "executable", zygote.python())
+
 
 def _worker(tmp_path, body: str) -> str:
     path = tmp_path / "worker.py"
@@ -95,7 +105,7 @@ def test_isolated_run_collects_a_result_file(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [[], ["--chunked-rmsnorm", "--checkpoint-every", "3"]])
-def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra):
+def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra, forked):
     out = tmp_path / "mc.jsonl"
     max_context.main(["--model", "tiny-llama", "--seq", "512", "--timeout", "300", "--out", str(out), *extra])
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
@@ -146,7 +156,7 @@ def _sp_train(tmp_path, *argv) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_sp_train_runs_train_py_on_two_ranks_with_the_one_process_losses(tmp_path):
+def test_sp_train_runs_train_py_on_two_ranks_with_the_one_process_losses(tmp_path, forked):
     """bench/sp_train.py: train.py on random tokens; 2 gloo ranks under zigzag / Ulysses train exactly what one
     process trains (same model, same rows, one optimizer step, then the second step's loss)."""
     (one,) = _sp_train(tmp_path, "--nproc", "1", "--modes", "data_parallel", "--seq", "512")
@@ -160,7 +170,7 @@ def test_sp_train_runs_train_py_on_two_ranks_with_the_one_process_losses(tmp_pat
         assert r["command"].startswith("python bench/sp_train.py --nproc 2 --model tiny-llama")
 
 
-def test_sp_train_search_and_errors(tmp_path):
+def test_sp_train_search_and_errors(tmp_path, forked):
     rows = _sp_train(tmp_path, "--nproc", "2", "--modes", "zigzag_ring_attn", "--search", "256", "512",
                      "--granularity", "256", "--max-probes", "2")  # fmt: skip
     assert [r["seq"] for r in rows[:-1]] == [256, 512] and rows[-1]["longest_ok"] == 512

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from easy_context.core import groups
+from tests.support import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,8 +81,8 @@ def test_subgroups_keep_the_job_timeout_and_a_failed_ring_backward_is_bounded(tm
     script.write_text(JOB)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     env.pop(groups.TIMEOUT_ENV, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+    cmd = [zygote.python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)  # forked: same program
     rows = json_objects(res.stdout)
     by = lambda key: {r["rank"]: r for r in rows if key in r}  # noqa: E731
     assert by("dp") == {r: {"rank": r, "world": 600.0, "dp": 600.0} for r in (0, 1)}, res.stdout + res.stderr[-3000:]

@@ -20,43 +20,43 @@ data_dir = test_train.data_dir  # its packed dataset and tokenizer (a fixture: b
 FAST = ("--parallel_mode", "data_parallel", "--checkpointing", "none")
 HUGE_LR = ("--learning-rate", "1e30", "--lr-schedule", "constant")  # finite step 1, then non-finite gradients
 
-# imported at interpreter start (PYTHONPATH): the loss of the 3rd forward, step 2's first micro-batch, is NaN
+# run first in every process (run_injected): the loss of the 3rd forward, step 2's first micro-batch, is NaN
 NAN_AT_STEP_2 = """
 import easy_context.loss as loss
 
 
-class NaNLossOnce(loss.CausalLMWithLoss):
-    calls = 0
-
-    def forward(self, *args):
-        loss_sum, n = super().forward(*args)
-        NaNLossOnce.calls += 1
-        return (loss_sum * float("nan") if NaNLossOnce.calls == 3 else loss_sum), n
+_forward, calls = loss.CausalLMWithLoss.forward, []
 
 
-loss.CausalLMWithLoss = NaNLossOnce
+def forward(self, *args):
+    loss_sum, n = _forward(self, *args)
+    calls.append(1)
+    return (loss_sum * float("nan") if len(calls) == 3 else loss_sum), n
+
+
+loss.CausalLMWithLoss.forward = forward
 """
 
 
-# imported at interpreter start (PYTHONPATH): the loss of the 3rd forward, step 2's first micro-batch, is NaN in value
+# run first in every process (run_injected): the loss of the 3rd forward, step 2's first micro-batch, is NaN in value
 # while its gradients stay finite (as a loss kernel that overflows only in its reported sum): the gradient norm cannot
 # tell, only the loss can, and under DeepSpeed it must be checked before the last backward, which runs the update
 NAN_VALUE_AT_STEP_2 = """
 import easy_context.loss as loss
 
 
-class NaNValueOnce(loss.CausalLMWithLoss):
-    calls = 0
-
-    def forward(self, *args):
-        loss_sum, n = super().forward(*args)
-        NaNValueOnce.calls += 1
-        if NaNValueOnce.calls == 3:
-            loss_sum = loss_sum + loss_sum.detach() * float("nan")
-        return loss_sum, n
+_forward, calls = loss.CausalLMWithLoss.forward, []
 
 
-loss.CausalLMWithLoss = NaNValueOnce
+def forward(self, *args):
+    loss_sum, n = _forward(self, *args)
+    calls.append(1)
+    if len(calls) == 3:
+        loss_sum = loss_sum + loss_sum.detach() * float("nan")
+    return loss_sum, n
+
+
+loss.CausalLMWithLoss.forward = forward
 """
 
 

@@ -65,12 +65,14 @@ def run_train(
 
 
 def run_injected(hook: str, data_dir: Path, out: Path, monkeypatch, *args: str, **kwargs):
-    """``run_train`` with ``hook`` as every process's sitecustomize (fault injection at interpreter start)."""
+    """``run_train`` with ``hook`` run first in every process (fault injection at interpreter start): a forked
+    process's prelude, a fresh interpreter's sitecustomize (tests/support/zygote.py). ``hook`` patches attributes
+    (``torch.save``, a class's method): the forked processes imported the modules already."""
     inject = out.parent / f"inject-{out.name}"
     inject.mkdir(exist_ok=True)
-    (inject / "sitecustomize.py").write_text(hook)
     with monkeypatch.context() as env:
-        env.setenv("PYTHONPATH", str(inject), prepend=os.pathsep)
+        for key, value in zygote.prelude_env(hook, str(inject)).items():
+            env.setenv(key, value, prepend=os.pathsep if key == "PYTHONPATH" else None)
         return run_train(data_dir, out, *args, **kwargs)
 
 

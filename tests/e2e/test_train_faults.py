@@ -114,7 +114,7 @@ def test_tokens_per_second_counts_every_step_since_the_last_row(tmp_path, monkey
     assert logger.log(60, 1.0, 1e-3, 0)["tokens_per_s"] == pytest.approx(10 * 1000 / 5.0)
 
 
-# imported at interpreter start (PYTHONPATH): the disk fills up while optimizer.bin of state-step4 is written
+# run first in every process (run_injected): the disk fills up while optimizer.bin of state-step4 is written
 # (part of the file is on disk, then ENOSPC, as torch.save on a full disk)
 DISK_FULL_AT_STEP_4 = """
 import errno
@@ -233,7 +233,7 @@ def test_eval_ppl_keeps_the_rows_of_models_scored_before_a_missing_one(data_dir,
     assert [r.split(",")[:2] for r in rows[1:]] == [["tiny-llama", "64"], ["tiny-llama", "128"]]
 
 
-# imported at interpreter start (PYTHONPATH): every micro-batch's input rows, appended to $EC_TEST_ROWS<rank>
+# run first in every process (run_injected): every micro-batch's input rows, appended to $EC_TEST_ROWS<rank>
 LOG_ROWS = """
 import json
 import os
@@ -241,14 +241,16 @@ import os
 import easy_context.loss as loss
 
 
-class LoggedRows(loss.CausalLMWithLoss):
-    def forward(self, input_ids, *args):
-        with open(os.environ["EC_TEST_ROWS"] + os.environ.get("RANK", "0"), "a") as f:
-            f.write(json.dumps(input_ids.tolist()) + "\\n")
-        return super().forward(input_ids, *args)
+_forward = loss.CausalLMWithLoss.forward
 
 
-loss.CausalLMWithLoss = LoggedRows
+def forward(self, input_ids, *args):
+    with open(os.environ["EC_TEST_ROWS"] + os.environ.get("RANK", "0"), "a") as f:
+        f.write(json.dumps(input_ids.tolist()) + "\\n")
+    return _forward(self, input_ids, *args)
+
+
+loss.CausalLMWithLoss.forward = forward
 """
 
 
@@ -334,7 +336,7 @@ def bf16_autocast_config(tmp_path: Path) -> str:
     return str(config)
 
 
-# imported at interpreter start (PYTHONPATH): rank 1 hangs once its step 3 is done, before it tells its watchdog
+# run first in every process (run_injected): rank 1 hangs once its step 3 is done, before it tells its watchdog
 # (as a rank stuck in a driver, a host sync or a file system); the time it stopped goes to $EC_TEST_STALLED
 STALL_RANK_1_AFTER_STEP_3 = """
 import os

@@ -15,6 +15,11 @@ options other than ``-u``/``-m``/``-c``, or an environment variable that is read
 (``PYTHON*``, ``HF_*``, ``TRANSFORMERS_*``, ``TORCH*`` compile/log settings, ...) that differs from the zygote's,
 or a ``PYTHONPATH`` entry with a ``sitecustomize.py`` (it must run before the program's imports).
 
+A fault a test injects into every process of a job (``EC_TEST_PRELUDE``, a Python file: :func:`prelude_env`) is
+run by each forked child before its program, as a ``sitecustomize`` runs in a fresh interpreter; the modules are
+imported already, so such a file patches attributes (``torch.save``, a class's method), never names a module binds at
+import (``from x import f`` took the original).
+
 What differs from a fresh interpreter and stays: the children share the zygote's str-hash seed (fresh interpreters
 draw one each, unless PYTHONHASHSEED is set), and warnings the preloaded imports gave were given in the zygote.
 
@@ -55,6 +60,7 @@ IMPORT_TIME_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "LD
 READ_WHEN_USED = ("PYTHONUNBUFFERED", "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TORCHELASTIC_", "TORCH_ELASTIC_",
                   "TORCH_NCCL_", "ACCELERATE_", "EC_TEST_", "EC_EXTRAS")  # fmt: skip
 CUSTOMIZE = ("sitecustomize", "usercustomize")
+PRELUDE = "EC_TEST_PRELUDE"  # a file every forked child runs before its program (a fresh interpreter: sitecustomize)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
            signal.SIGCONT)  # fmt: skip
 
@@ -115,6 +121,10 @@ def _recv(sock: socket.socket, with_fds: bool = False):
 # ---------------------------------------------------------------------------------------------------------- shim
 def client_main(sock_path: str, real: str, zygote_pid: int, argv: list[str]) -> None:
     def fallback():
+        prelude = os.environ.get(PRELUDE)
+        if prelude:  # a fresh interpreter runs it as its sitecustomize (prelude_env named it so)
+            path = [os.path.dirname(prelude), *filter(None, [os.environ.get("PYTHONPATH")])]
+            os.environ["PYTHONPATH"] = os.pathsep.join(path)
         os.execv(real, [real, *argv])
 
     parsed = _parse(argv)
@@ -206,8 +216,10 @@ def _log(env0: dict[str, str], line: str) -> None:
             f.write(line + "\n")
 
 
-def _serve(listener: socket.socket, parent: int, env0: dict[str, str]):
-    """Accept jobs and fork a child for each; returns (in the child only) the job to run."""
+def _serve(listener: socket.socket, parent: int, env0: dict[str, str], imported: dict[str, str]):
+    """Accept jobs and fork a child for each; returns (in the child only) the job to run. ``env0``: the environment
+    the preloaded modules imported under; ``imported``: the same after their import (which sets some variables: torch
+    Inductor's cache directory, for one) -- a job may carry either value (its parent imported them too)."""
     by_pid: dict[int, socket.socket] = {}
     while True:
         if os.getppid() != parent:  # pytest is gone: end, and the children with us
@@ -230,7 +242,8 @@ def _serve(listener: socket.socket, parent: int, env0: dict[str, str]):
                     conn.close()
                     continue
                 env = req["env"]
-                keys = {k for k in set(env) | set(env0) if _sensitive(k) and env.get(k) != env0.get(k)}
+                keys = {k for k in set(env) | set(env0) | set(imported)
+                        if _sensitive(k) and env.get(k) not in (env0.get(k), imported.get(k))}  # fmt: skip
                 for entry in env.get("PYTHONPATH", "").split(os.pathsep):  # site would import it before anything
                     if entry and any(os.path.exists(os.path.join(entry, f"{m}.py")) for m in CUSTOMIZE):
                         keys.add(f"PYTHONPATH={entry} (sitecustomize)")
@@ -322,6 +335,10 @@ def _run_child(conn: socket.socket, req: dict, fds: list[int], shim: str) -> Non
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     try:
+        prelude = env.get(PRELUDE)
+        if prelude:  # what a fresh interpreter would run first, as its sitecustomize
+            with open(prelude, "rb") as f:
+                exec(compile(f.read(), prelude, "exec"), {"__name__": "sitecustomize", "__file__": prelude})
         if kind == "-m":
             sys.path[:] = [os.getcwd(), *extra, *base]
             sys.argv = ["-m", *args]
@@ -352,11 +369,12 @@ def server_main(sock_path: str, shim: str) -> None:
     parent = os.getppid()
     env0 = dict(os.environ)
     _preload()
+    imported = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path + ".tmp")
     listener.listen(64)
     os.rename(sock_path + ".tmp", sock_path)  # the shims connect once everything is imported
-    job = _serve(listener, parent, env0)
+    job = _serve(listener, parent, env0, imported)
     _run_child(*job, shim)  # in a forked child: returns when the program ends; exits as a script would
 
 
@@ -390,6 +408,28 @@ def stop() -> None:
         proc.wait()
         shutil.rmtree(_STATE.pop("dir"), ignore_errors=True)
     _STATE.clear()
+
+
+def forkable_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this process's values of the variables read while the preloaded modules import: a test that
+    gives its command a trimmed environment keeps the fork (a child whose values differ from the zygote's runs in a
+    fresh interpreter)."""
+    return {
+        **{k: v for k, v in env.items() if not _sensitive(k)},
+        **{k: v for k, v in os.environ.items() if _sensitive(k)},
+    }
+
+
+def prelude_env(hook: str, folder: str) -> dict[str, str]:
+    """The environment variables that run ``hook`` (Python source) first in every process of a job: a fork runs it
+    as its prelude, a fresh interpreter (``EC_ZYGOTE=0``, or a fallback) as its sitecustomize (``folder`` holds it;
+    PYTHONPATH is to be prepended with ``folder``: the key ``PYTHONPATH`` of the result)."""
+    path = os.path.join(folder, "sitecustomize.py")
+    with open(path, "w") as f:
+        f.write(hook)
+    if os.environ.get("EC_ZYGOTE") == "0":
+        return {"PYTHONPATH": folder}
+    return {PRELUDE: path}
 
 
 def python() -> str:
