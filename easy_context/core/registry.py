@@ -139,7 +139,7 @@ def seq_multiple(seq_algo: str, world_size: int, **kw) -> int:
     return get_seq_algo(seq_algo).seq_multiple(world_size, **kw)
 
 
-def get_attn_func(seq_algo: SeqAlgo | str, kernel: str = "auto", **kw) -> AttnFunc:
+def get_attn_func(seq_algo: SeqAlgo | str, kernel: str = "auto", heads_per_call: int | None = None, **kw) -> AttnFunc:
     """``attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, group=None, position_ids=None,
     documents=None)`` on local shards.
 
@@ -148,11 +148,12 @@ def get_attn_func(seq_algo: SeqAlgo | str, kernel: str = "auto", **kw) -> AttnFu
     ``documents`` (:class:`easy_context.core.documents.Documents` of the full sequence) keep attention inside each
     document (docs/documents.md).
     ``kernel`` picks the local kernel (``auto``, ``cpu``, ``cudnn``, ``flash``, ``efficient``,
-    ``flash_attn``, ``math``); other keywords are backend options (e.g. ``ring_degree`` for usp_attn). ``seq_algo``:
+    ``flash_attn``, ``math``), ``heads_per_call`` the most query heads per kernel call (a memory bound, the same
+    values); other keywords are backend options (e.g. ``ring_degree`` for usp_attn). ``seq_algo``:
     a backend's name, or the backend (looked up once, here).
     """
     algo = get_seq_algo(seq_algo)
-    inner = algo.attn_func(kernel, **kw)
+    inner = algo.attn_func(kernel, heads_per_call=heads_per_call, **kw)
     if not algo.distributed:
         return inner
     options = algo._options(kw)

@@ -36,7 +36,7 @@ def _inputs(seed, b, s, hq, hkv, d, dtype):
     return q, k, v, dout
 
 
-def parity_worker(rank, world, algo, opts, case, dtype_name, seed=0):
+def parity_worker(rank, world, algo, opts, case, dtype_name, seed=0, heads_per_call=None):
     b, chunks, hq, hkv, d, causal = case
     dtype = getattr(torch, dtype_name)
     s = 2 * world * chunks
@@ -44,7 +44,7 @@ def parity_worker(rank, world, algo, opts, case, dtype_name, seed=0):
     ref = reference_with_grads(q, k, v, dout, causal)
     shard = lambda x: ec.extract_local(algo, x, rank, world, **opts)
     ql, kl, vl = (shard(x).requires_grad_() for x in (q, k, v))
-    attn = ec.get_attn_func(algo, **opts)
+    attn = ec.get_attn_func(algo, heads_per_call=heads_per_call, **opts)
     out = attn(ql, kl, vl, causal=causal)
     assert out.shape == ql.shape and out.dtype == dtype
     out.backward(shard(dout))
@@ -99,4 +99,41 @@ def test_parity_with_kernel_calls_split_over_heads(dist_pool, world, algo, opts,
     for rank, (errs, all_split) in enumerate(dist_pool(world).run(split_parity_worker, algo, opts, CASES[case],
                                                                  "float32")):  # fmt: skip
         assert all_split, f"rank {rank}: a kernel call was not split"
+        assert max(errs.values()) < TOL["float32"], f"rank {rank}: {errs}"
+
+
+def heads_per_call_worker(rank, world, algo, opts, case, dtype_name):
+    """parity_worker with ``heads_per_call=1`` (``--attn-heads-per-call 1``), and the most query heads any kernel call
+    of this rank received."""
+    import easy_context.kernels.base as base
+    from easy_context.kernels import get_kernel
+
+    get_kernel("auto", "cpu", torch.float32, case[4])  # the kernel's one-time probe (whole calls), not counted
+    original, most = base.head_groups, []
+
+    def recording(q, k, limit=None, expands_kv=False, max_heads=None):
+        groups = original(q, k, limit, expands_kv, max_heads)
+        most.append(q.shape[2] if groups is None else max(g[0].stop - g[0].start for g in groups))
+        return groups
+
+    base.head_groups = recording
+    try:
+        return parity_worker(rank, world, algo, opts, case, dtype_name, heads_per_call=1), max(most)
+    finally:
+        base.head_groups = original
+
+
+RING_STYLE = [a for a in ALGOS if a[0] in ("zigzag_ring_attn", "dist_flash_attn", "data_parallel")]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("case", ["gqa", "mqa_d128"])
+@pytest.mark.parametrize("algo,opts", RING_STYLE, ids=lambda x: x if isinstance(x, str) else x.get("x", ""))
+def test_parity_with_one_query_head_per_kernel_call(dist_pool, world, algo, opts, case):
+    """``heads_per_call=1`` under the ring-style backends (every kernel call, forward and backward, holds one query
+    head; GQA / MQA heads share their K/V head and add their dK/dV): out, dq, dk, dv equal single-device float64
+    attention within the unsplit tolerance, on 2 and 3 ranks."""
+    for rank, (errs, most) in enumerate(dist_pool(world).run(heads_per_call_worker, algo, opts, CASES[case],
+                                                             "float32")):  # fmt: skip
+        assert most == 1, f"rank {rank}: a kernel call held {most} query heads"
         assert max(errs.values()) < TOL["float32"], f"rank {rank}: {errs}"
