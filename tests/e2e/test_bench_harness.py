@@ -104,7 +104,7 @@ def test_isolated_run_collects_a_result_file(tmp_path):
     assert row["status"] == "error" and row["returncode"] == 3 and "v" not in row
 
 
-@pytest.mark.parametrize("extra", [[], ["--chunked-rmsnorm", "--checkpoint-every", "3"]])
+@pytest.mark.parametrize("extra", [[], ["--chunked-rmsnorm", "--checkpoint-every", "3", "--attn-heads-per-call", "1"]])
 def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra, forked):
     out = tmp_path / "mc.jsonl"
     max_context.main(["--model", "tiny-llama", "--seq", "512", "--timeout", "300", "--out", str(out), *extra])
@@ -114,6 +114,13 @@ def test_max_context_probe_runs_a_full_step_on_cpu(tmp_path, extra, forked):
     assert row["params"] > 0 and 0 <= row["offload_layers"] and row["device"] == "cpu"
     assert ("--chunked-rmsnorm" in row["command"]) == bool(extra) and row["command"].endswith("--seq 512")
     assert row["checkpoint_every"] == (3 if extra else 1) and row["offload_layers"] <= (2 if extra else 4)  # stored
+
+
+def test_max_context_gpu_mem_cap_needs_a_gpu():
+    import torch
+
+    with pytest.raises(SystemExit, match="--gpu-mem-cap needs a CUDA GPU"):
+        max_context.cap_gpu_memory("24GB", torch.device("cpu"))
 
 
 def test_max_context_refuses_a_bad_checkpoint_every(capsys):
