@@ -33,7 +33,7 @@ from easy_context.core.registry import get_seq_algo, option_values
 from easy_context.data import load_train_dataset
 from easy_context.loss import CausalLMWithLoss, resolve_loss_impl
 from easy_context.memory import apply_checkpointing, enable_chunked_rmsnorm, enable_tiled_mlp
-from easy_context.memory.rmsnorm import unpatched_norms
+from easy_context.memory.rmsnorm import unpatched_note
 from easy_context.models import build_config, is_random_init, load_model, match_special_tokens
 from easy_context.models.tokenizer import load_tokenizer
 from easy_context.sp_config import SPConfig, resolve_sp_config
@@ -322,10 +322,9 @@ def build_model(args, tokenizer, sp: SPConfig):
         enable_tiled_mlp(model, num_tiles=args.tiled_mlp)
     if args.chunked_rmsnorm:
         enable_chunked_rmsnorm(model)
-        left = unpatched_norms(model)
-        if left and int(os.environ.get("RANK", "0")) == 0:  # their memory is not saved: say so, once
-            kept = ", ".join(f"{n} x{c}" for n, c in left.items())
-            print(f"note: --chunked-rmsnorm: {kept} kept transformers' forward (math neither norm style reproduces)")
+        note = unpatched_note(model)
+        if note and int(os.environ.get("RANK", "0")) == 0:  # their memory is not saved: say so, once
+            print(note)
     if args.fp8 or args.fp8_emulate:
         apply_fp8(args, model, sp)  # before compile: the float8 linears' casts are compiled with them
     if args.compile:  # with float8 linears the whole MLP (their casts fuse), else the down projection stays eager

@@ -181,3 +181,13 @@ def unpatched_norms(model: nn.Module) -> dict[str, int]:
         if not hasattr(module, "_chunked_norm_style"):
             left[type(module).__name__] = left.get(type(module).__name__, 0) + 1
     return left
+
+
+def unpatched_note(model: nn.Module) -> str | None:
+    """The one line ``--chunked-rmsnorm`` prints when some norms of ``model`` kept their own forward (their memory
+    is not saved), None when every norm-shaped module is chunked."""
+    left = unpatched_norms(model)
+    if not left:
+        return None
+    kept = ", ".join(f"{name} x{count}" for name, count in left.items())
+    return f"note: --chunked-rmsnorm: {kept} kept transformers' forward (math neither norm style reproduces)"

@@ -147,8 +147,14 @@ def test_leaves_other_norms_alone_and_names_them():
     forward, and unpatched_norms names it."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from easy_context.memory.rmsnorm import unpatched_norms
+    from easy_context.memory.rmsnorm import unpatched_norms, unpatched_note
 
     module = torch.nn.Sequential(torch.nn.LayerNorm(16), LlamaRMSNorm(16))
     assert enable_chunked_rmsnorm(module) == ["1"]
     assert unpatched_norms(module) == {"LayerNorm": 1}
+    assert unpatched_note(module) == ("note: --chunked-rmsnorm: LayerNorm x1 kept transformers' forward (math neither "
+                                      "norm style reproduces)")  # fmt: skip
+    only_llama = torch.nn.Sequential(LlamaRMSNorm(16))
+    assert unpatched_note(only_llama) is not None  # before the patch every norm keeps its forward
+    enable_chunked_rmsnorm(only_llama)
+    assert unpatched_note(only_llama) is None
